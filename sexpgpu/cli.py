@@ -1,0 +1,75 @@
+"""The `sexpgpu` command: parses arguments, runs one subcommand, renders errors.
+
+Each subcommand lives in `sexpgpu.commands.<name>` and offers
+``add_arguments(parser)`` and ``main(args) -> int``. Only this module and the
+commands print; libraries log. User errors print as rendered `SexpgpuError`s;
+a Python traceback is shown only with ``SEXPGPU_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from sexpgpu import __version__
+from sexpgpu.errors import SexpgpuError
+
+__all__ = ["COMMANDS", "main"]
+
+# name -> one-line help; the module sexpgpu.commands.<name> implements it.
+COMMANDS: dict[str, str] = {}
+
+_DEBUG_ENV = "SEXPGPU_DEBUG"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage mistakes as SexpgpuError instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise SexpgpuError("E-CLI-001", message, self.prog, hint=f"run `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sexpgpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"sexpgpu {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_text in COMMANDS.items():
+        module = importlib.import_module(f"sexpgpu.commands.{name}")
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    debug = os.environ.get(_DEBUG_ENV, "") not in ("", "0")
+    try:
+        args = build_parser().parse_args(argv)
+        levels = [logging.WARNING, logging.INFO, logging.DEBUG]
+        logging.basicConfig(level=levels[min(args.verbose, 2)], format="%(name)s: %(message)s")
+        if args.command is None:
+            build_parser().print_help()
+            return 2
+        return int(args._module.main(args) or 0)
+    except SexpgpuError as err:
+        if debug:
+            raise
+        print(err.render(), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # an internal error: hide the frames unless debugging
+        if debug:
+            raise
+        print(
+            f"internal error: {type(err).__name__}: {err}\n"
+            f"  this is a bug in sexpgpu; set {_DEBUG_ENV}=1 to see the traceback",
+            file=sys.stderr,
+        )
+        return 70

@@ -1,0 +1,1 @@
+"""The CLI's subcommands, one module each (see `sexpgpu.cli`)."""

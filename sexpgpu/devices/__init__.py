@@ -1,0 +1,1 @@
+"""Devices that run IR programs: cpu (the interpreter) and cuda."""

@@ -1,0 +1,142 @@
+"""User-facing errors: `SexpgpuError` with a code, a location and a hint.
+
+Every error a user can cause is a `SexpgpuError` whose code is listed in
+`CODES` (and in docs/errors.md, checked by a test). Internal invariants use
+`assert`; the CLI hides their traceback unless ``SEXPGPU_DEBUG=1``.
+
+This module imports nothing of sexpgpu: every layer may raise these errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CODES", "SexpgpuError", "Source", "Span"]
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """A named text that spans point into (a file, or a string given in code).
+
+    Compared by identity: two reads of one file are two sources.
+    """
+
+    name: str
+    text: str = field(repr=False)
+
+    def line(self, number: int) -> str:
+        """The 1-based line `number` without its newline ('' past the end)."""
+        lines = self.text.split("\n")
+        return lines[number - 1].rstrip("\r") if 0 < number <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where a node sits in its source: 1-based line and column, end exclusive."""
+
+    source: Source
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    def __str__(self) -> str:
+        return f"{self.source.name}:{self.line}:{self.col}"
+
+    def to(self, other: Span) -> Span:
+        """The span from the start of `self` to the end of `other`."""
+        return Span(self.source, self.line, self.col, other.end_line, other.end_col)
+
+
+# The code table. Each area owns a prefix; docs/errors.md explains each code.
+CODES: dict[str, str] = {
+    # reader
+    "E-READ-001": "unbalanced bracket: a list or vector is not closed",
+    "E-READ-002": "unexpected closing bracket, or a bracket of the wrong kind",
+    "E-READ-003": "unterminated string",
+    "E-READ-004": "unknown escape in a string",
+    "E-READ-005": "malformed number",
+    "E-READ-006": "stray character",
+    "E-READ-007": "file cannot be read (missing, unreadable or not UTF-8)",
+    # forms
+    "E-FORM-001": "unknown top-level form",
+    "E-FORM-002": "wrong number of arguments to a form",
+    "E-FORM-003": "unknown or missing key in a form",
+    "E-FORM-004": "duplicate definition",
+    "E-FORM-005": "value of the wrong type",
+    "E-FORM-006": "unknown name (parameter, data set, model, run or variant)",
+    "E-FORM-007": "parameter expression cannot be evaluated",
+    # devices and data parallelism (DESIGN.md)
+    "E-DP-001": "SEXPGPU_DEVICES does not parse, repeats or names an invisible ordinal, "
+    "or no GPU is visible",
+    "E-DP-002": "resume with another rank count, node count or loader rank than the checkpoint's",
+    "E-DP-003": "global microbatches do not divide over the GPUs",
+    "E-DP-004": "ranks' or nodes' parameters/optimizer states disagree at a checkpoint",
+    "E-DP-005": "node variables malformed, or nodes without cuda",
+    "E-DP-006": "a node differs from node 0 at the rendezvous",
+    "E-DP-007": "a node did not arrive within 300 s, or left the run",
+    "E-MEM-001": "no memory plan fits the card",
+    # command line
+    "E-CLI-001": "bad command-line argument or environment variable",
+}
+
+
+class SexpgpuError(Exception):
+    """An error the user can fix: what is wrong, where, and how to fix it.
+
+    Parameters
+    ----------
+    code
+        A key of `CODES`, such as ``"E-READ-001"``.
+    message
+        What is wrong, naming the offending values.
+    location
+        A `Span` into a source text, a plain string (a path, a variable
+        name), or None.
+    hint
+        How to fix it: the valid options, the nearest name, the command.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        location: Span | str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        assert code in CODES, f"unregistered error code {code}"
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.location = location
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def render(self) -> str:
+        """The error as the CLI prints it: header, location, source line, caret, hint."""
+        out = [f"error[{self.code}]: {self.message}"]
+        if isinstance(self.location, Span):
+            out += _source_excerpt(self.location)
+            gutter = " " * len(str(self.location.line))
+        else:
+            gutter = " "
+            if self.location:
+                out.append(f"{gutter}--> {self.location}")
+        if self.hint:
+            out.append(f"{gutter} = hint: {self.hint}")
+        return "\n".join(out)
+
+
+def _source_excerpt(span: Span) -> list[str]:
+    number = str(span.line)
+    gutter = " " * len(number)
+    text = span.source.line(span.line).expandtabs(1)
+    caret = " " * (span.col - 1) + "^"
+    return [
+        f"{gutter}--> {span}",
+        f"{gutter} |",
+        f"{number} | {text}".rstrip(),
+        f"{gutter} | {caret}",
+    ]

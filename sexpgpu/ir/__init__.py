@@ -1,0 +1,1 @@
+"""The IR: graph, op registry, tracing, autodiff, passes."""

@@ -1,0 +1,1 @@
+"""The experiment language: reader, forms, variants, checker."""

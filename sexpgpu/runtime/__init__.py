@@ -1,0 +1,1 @@
+"""The shared runtime: device config, groups and collectives, memory budgets."""

@@ -1,0 +1,1 @@
+"""Tensor-network compression by successive randomized compression."""

@@ -1,0 +1,1 @@
+"""Training runs: data, optimizers, schedules, the run loop, checkpoints, metrics."""

@@ -78,6 +78,24 @@ CODES: dict[str, str] = {
     "E-MEM-001": "no memory plan fits the card",
     # command line
     "E-CLI-001": "bad command-line argument or environment variable",
+    # training data
+    "E-DATA-001": "data file missing or unreadable",
+    "E-DATA-002": "data set empty, or too short for the sequence length, batch or split",
+    "E-DATA-003": "data file of the wrong dtype or size",
+    "E-DATA-004": "data field missing, or fields of different lengths",
+    "E-DATA-005": "unknown data source or bad data option",
+    # training runs
+    "E-TRAIN-001": "unknown optimizer or schedule, or a bad option of one",
+    "E-TRAIN-002": "the loss became NaN or infinite",
+    # checkpoints
+    "E-CKPT-001": "no complete checkpoint to resume from",
+    "E-CKPT-002": "checkpoint damaged: a file is missing or its checksum differs",
+    "E-CKPT-003": "resume of a checkpoint written by another experiment",
+    "E-CKPT-004": "checkpoint location cannot be used (unsupported scheme, unreachable, "
+    "missing s3fs)",
+    # plotting
+    "E-PLOT-001": "plot needs matplotlib (the `plot` extra)",
+    "E-PLOT-002": "run directory has no metrics to plot",
 }
 
 

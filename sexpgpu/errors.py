@@ -58,6 +58,7 @@ CODES: dict[str, str] = {
     "E-READ-005": "malformed number",
     "E-READ-006": "stray character",
     "E-READ-007": "file cannot be read (missing, unreadable or not UTF-8)",
+    "E-READ-008": "brackets nested too deeply",
     # forms
     "E-FORM-001": "unknown top-level form",
     "E-FORM-002": "wrong number of arguments to a form",
@@ -76,6 +77,17 @@ CODES: dict[str, str] = {
     "E-DP-006": "a node differs from node 0 at the rendezvous",
     "E-DP-007": "a node did not arrive within 300 s, or left the run",
     "E-MEM-001": "no memory plan fits the card",
+    # IR shapes and dtypes
+    "E-SHAPE-001": "shapes do not broadcast",
+    "E-SHAPE-002": "dtype not accepted by an operation, or operand dtypes differ",
+    "E-SHAPE-003": "matmul: inner dimensions differ",
+    "E-SHAPE-004": "axis out of range, repeated, or not a permutation",
+    "E-SHAPE-005": "reshape: element counts differ",
+    "E-SHAPE-006": "matmul: an operand has fewer than 2 axes",
+    "E-SHAPE-007": "slice or pad bounds out of range",
+    "E-SHAPE-008": "concat: shapes differ off the concatenation axis",
+    "E-SHAPE-009": "take or scatter: indices not int32, or shapes disagree",
+    "E-SHAPE-010": "cross-entropy: logits and targets disagree",
     # command line
     "E-CLI-001": "bad command-line argument or environment variable",
     # training data

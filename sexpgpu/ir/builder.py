@@ -1,0 +1,369 @@
+"""Build IR nodes: one function per op, each running the op's shape rule.
+
+Every function takes its operands, its attributes as keywords, and ``span``
+(the `Span` of the source form, kept on the node and used by errors). A
+shape or dtype error raises `SexpgpuError` (E-SHAPE-*) at that span.
+
+    >>> from sexpgpu.ir import builder as b
+    >>> x = b.input("x", (8, 64), "f32")
+    >>> w = b.param("w", (64, 10), "f32")
+    >>> y = b.softmax(b.matmul(x, w), axis=-1)
+    >>> y.shape
+    (8, 10)
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sexpgpu.errors import Span
+from sexpgpu.ir import shape_rules as _shape_rules  # noqa: F401  (fills SHAPE_RULES)
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.node import ConstArray, Node
+from sexpgpu.ir.ops import Op
+from sexpgpu.ir.rules import SHAPE_RULES
+
+__all__ = [
+    "abs",
+    "add",
+    "broadcast_to",
+    "cast",
+    "concat",
+    "constant",
+    "cross_entropy",
+    "cross_entropy_grad",
+    "div",
+    "emit",
+    "eq",
+    "exp",
+    "ge",
+    "gt",
+    "input",
+    "iota",
+    "le",
+    "log",
+    "log_softmax",
+    "lt",
+    "matmul",
+    "max",
+    "maximum",
+    "minimum",
+    "mul",
+    "neg",
+    "pad",
+    "param",
+    "pow",
+    "reshape",
+    "rsqrt",
+    "scatter_add",
+    "sigmoid",
+    "sign",
+    "slice",
+    "softmax",
+    "softmax_grad",
+    "sqrt",
+    "sub",
+    "sum",
+    "take",
+    "tanh",
+    "transpose",
+    "where",
+]
+
+ShapeLike = Sequence[int]
+
+
+def emit(op: Op, *inputs: Node, span: Span | None = None, **attrs: Any) -> Node:
+    """Make a node of `op`: run its shape rule and return the checked node.
+
+    Parameters
+    ----------
+    op
+        The operation.
+    *inputs
+        Operand nodes in the op's order.
+    span
+        The source span of the form this node comes from.
+    **attrs
+        The op's attributes (see `sexpgpu.ir.ops`).
+
+    Raises
+    ------
+    SexpgpuError
+        E-SHAPE-* when the operands' shapes or dtypes do not fit the op.
+    """
+    assert all(isinstance(x, Node) for x in inputs), inputs
+    dtype, shape, attrs = SHAPE_RULES[op](op, inputs, dict(attrs), span)
+    return Node(op, DType(dtype), tuple(builtins.int(d) for d in shape), inputs, attrs, span)
+
+
+# ---------------------------------------------------------------- leaves
+
+
+def input(name: str, shape: ShapeLike, dtype: DType | str, span: Span | None = None) -> Node:
+    """A data placeholder named `name` (fed at each call)."""
+    return emit(Op.INPUT, span=span, name=name, shape=tuple(shape), dtype=DType(dtype))
+
+
+def param(name: str, shape: ShapeLike, dtype: DType | str, span: Span | None = None) -> Node:
+    """A parameter named `name` (a stable path such as ``gpt/block.3/attention/wq``)."""
+    return emit(Op.PARAM, span=span, name=name, shape=tuple(shape), dtype=DType(dtype))
+
+
+def constant(
+    value: builtins.int | builtins.float | builtins.bool | np.ndarray,
+    dtype: DType | str,
+    shape: ShapeLike = (),
+    span: Span | None = None,
+) -> Node:
+    """A constant: a scalar filling `shape` (default a rank-0 scalar that broadcasts)."""
+    dtype = DType(dtype)
+    if isinstance(value, np.ndarray):
+        from sexpgpu.ir.dtypes import numpy_dtype
+
+        arr = value.astype(numpy_dtype(dtype))
+        return emit(Op.CONSTANT, span=span, value=ConstArray(arr), shape=arr.shape, dtype=dtype)
+    if dtype is DType.BOOL:
+        value = builtins.bool(value)
+    elif dtype is DType.INT32:
+        value = builtins.int(value)
+    else:
+        value = builtins.float(value)
+    return emit(Op.CONSTANT, span=span, value=value, shape=tuple(shape), dtype=dtype)
+
+
+def iota(shape: ShapeLike, axis: builtins.int, dtype: DType | str = "int32", span=None) -> Node:
+    """The index along `axis` at every position of `shape` (``positions``, causal masks)."""
+    return emit(Op.IOTA, span=span, shape=tuple(shape), axis=axis, dtype=DType(dtype))
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def neg(x: Node, span: Span | None = None) -> Node:
+    """``-x``."""
+    return emit(Op.NEG, x, span=span)
+
+
+def exp(x: Node, span: Span | None = None) -> Node:
+    """``e**x``."""
+    return emit(Op.EXP, x, span=span)
+
+
+def log(x: Node, span: Span | None = None) -> Node:
+    """Natural logarithm."""
+    return emit(Op.LOG, x, span=span)
+
+
+def sqrt(x: Node, span: Span | None = None) -> Node:
+    """Square root."""
+    return emit(Op.SQRT, x, span=span)
+
+
+def rsqrt(x: Node, span: Span | None = None) -> Node:
+    """``1 / sqrt(x)``."""
+    return emit(Op.RSQRT, x, span=span)
+
+
+def tanh(x: Node, span: Span | None = None) -> Node:
+    """Hyperbolic tangent."""
+    return emit(Op.TANH, x, span=span)
+
+
+def sigmoid(x: Node, span: Span | None = None) -> Node:
+    """``1 / (1 + e**-x)``."""
+    return emit(Op.SIGMOID, x, span=span)
+
+
+def abs(x: Node, span: Span | None = None) -> Node:
+    """``|x|``."""
+    return emit(Op.ABS, x, span=span)
+
+
+def sign(x: Node, span: Span | None = None) -> Node:
+    """-1, 0 or 1 (no gradient)."""
+    return emit(Op.SIGN, x, span=span)
+
+
+def cast(x: Node, dtype: DType | str, span: Span | None = None) -> Node:
+    """`x` converted to `dtype` (floats to int32 truncate toward zero)."""
+    return emit(Op.CAST, x, span=span, dtype=DType(dtype))
+
+
+def add(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a + b`` (broadcasting)."""
+    return emit(Op.ADD, a, b, span=span)
+
+
+def sub(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a - b`` (broadcasting)."""
+    return emit(Op.SUB, a, b, span=span)
+
+
+def mul(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a * b`` (broadcasting)."""
+    return emit(Op.MUL, a, b, span=span)
+
+
+def div(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a / b`` (broadcasting; floats only)."""
+    return emit(Op.DIV, a, b, span=span)
+
+
+def pow(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a ** b`` (broadcasting; floats only)."""
+    return emit(Op.POW, a, b, span=span)
+
+
+def maximum(a: Node, b: Node, span: Span | None = None) -> Node:
+    """Elementwise larger of `a` and `b` (ties share the gradient)."""
+    return emit(Op.MAXIMUM, a, b, span=span)
+
+
+def minimum(a: Node, b: Node, span: Span | None = None) -> Node:
+    """Elementwise smaller of `a` and `b` (ties share the gradient)."""
+    return emit(Op.MINIMUM, a, b, span=span)
+
+
+def lt(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a < b`` as bool."""
+    return emit(Op.LT, a, b, span=span)
+
+
+def le(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a <= b`` as bool."""
+    return emit(Op.LE, a, b, span=span)
+
+
+def gt(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a > b`` as bool (built as ``b < a``)."""
+    return emit(Op.LT, b, a, span=span)
+
+
+def ge(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a >= b`` as bool (built as ``b <= a``)."""
+    return emit(Op.LE, b, a, span=span)
+
+
+def eq(a: Node, b: Node, span: Span | None = None) -> Node:
+    """``a == b`` as bool."""
+    return emit(Op.EQ, a, b, span=span)
+
+
+def where(cond: Node, a: Node, b: Node, span: Span | None = None) -> Node:
+    """`a` where `cond` holds, else `b` (broadcasting all three)."""
+    return emit(Op.WHERE, cond, a, b, span=span)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def sum(
+    x: Node,
+    axes: builtins.int | Sequence[builtins.int] | None = None,
+    keepdims: builtins.bool = False,
+    span: Span | None = None,
+) -> Node:
+    """Sum over `axes` (all axes when None)."""
+    axes = (axes,) if isinstance(axes, builtins.int) else axes
+    return emit(Op.SUM, x, span=span, axes=axes, keepdims=keepdims)
+
+
+def max(
+    x: Node,
+    axes: builtins.int | Sequence[builtins.int] | None = None,
+    keepdims: builtins.bool = False,
+    span: Span | None = None,
+) -> Node:
+    """Largest value over `axes` (``amax``; ties share the gradient)."""
+    axes = (axes,) if isinstance(axes, builtins.int) else axes
+    return emit(Op.MAX, x, span=span, axes=axes, keepdims=keepdims)
+
+
+# ---------------------------------------------------------------- movement
+
+
+def reshape(x: Node, shape: ShapeLike, span: Span | None = None) -> Node:
+    """`x` with a new shape of the same size (one size may be -1)."""
+    return emit(Op.RESHAPE, x, span=span, shape=tuple(shape))
+
+
+def transpose(
+    x: Node, axes: Sequence[builtins.int] | None = None, span: Span | None = None
+) -> Node:
+    """Permute the axes; by default swap the last two."""
+    if axes is None:
+        axes = [*range(x.ndim - 2), x.ndim - 1, x.ndim - 2] if x.ndim >= 2 else range(x.ndim)
+    return emit(Op.TRANSPOSE, x, span=span, axes=tuple(axes))
+
+
+def broadcast_to(x: Node, shape: ShapeLike, span: Span | None = None) -> Node:
+    """`x` repeated along axes of size 1 (and new leading axes) to `shape`."""
+    return emit(Op.BROADCAST_TO, x, span=span, shape=tuple(shape))
+
+
+def slice(
+    x: Node, axis: builtins.int, start: builtins.int, stop: builtins.int, span: Span | None = None
+) -> Node:
+    """Elements ``start <= i < stop`` along `axis` (negative bounds count from the end)."""
+    if isinstance(axis, builtins.int) and -x.ndim <= axis < x.ndim:
+        n = x.shape[axis]
+        start, stop = (start + n if start < 0 else start), (stop + n if stop < 0 else stop)
+    return emit(Op.SLICE, x, span=span, axis=axis, start=start, stop=stop)
+
+
+def pad(x: Node, axis: builtins.int, before: builtins.int, after: builtins.int, span=None) -> Node:
+    """`x` with `before` and `after` zeros added along `axis`."""
+    return emit(Op.PAD, x, span=span, axis=axis, before=before, after=after)
+
+
+def concat(xs: Sequence[Node], axis: builtins.int, span: Span | None = None) -> Node:
+    """Join `xs` along `axis`."""
+    return emit(Op.CONCAT, *xs, span=span, axis=axis)
+
+
+def take(table: Node, ids: Node, span: Span | None = None) -> Node:
+    """Rows of `table` picked by int32 `ids`: shape ``ids.shape + table.shape[1:]``."""
+    return emit(Op.TAKE, table, ids, span=span)
+
+
+def scatter_add(ids: Node, updates: Node, rows: builtins.int, span: Span | None = None) -> Node:
+    """Zeros of ``[rows, *row]`` with each row of `updates` added at its id (take's VJP)."""
+    return emit(Op.SCATTER_ADD, ids, updates, span=span, rows=rows)
+
+
+# ---------------------------------------------------------------- products and fused
+
+
+def matmul(a: Node, b: Node, span: Span | None = None) -> Node:
+    """Matrix product over the last two axes; leading axes broadcast as in NumPy."""
+    return emit(Op.MATMUL, a, b, span=span)
+
+
+def softmax(x: Node, axis: builtins.int = -1, span: Span | None = None) -> Node:
+    """``exp(x - max) / sum(exp(x - max))`` along `axis`, fused."""
+    return emit(Op.SOFTMAX, x, span=span, axis=axis)
+
+
+def log_softmax(x: Node, axis: builtins.int = -1, span: Span | None = None) -> Node:
+    """``x - logsumexp(x)`` along `axis`, fused."""
+    return emit(Op.LOG_SOFTMAX, x, span=span, axis=axis)
+
+
+def softmax_grad(y: Node, g: Node, axis: builtins.int, span: Span | None = None) -> Node:
+    """``y * (g - sum(g * y, axis))``: the VJP of softmax given its output `y`."""
+    return emit(Op.SOFTMAX_GRAD, y, g, span=span, axis=axis)
+
+
+def cross_entropy(logits: Node, targets: Node, span: Span | None = None) -> Node:
+    """Per-row ``logsumexp(logits) - logits[target]`` over the last axis (not averaged)."""
+    return emit(Op.CROSS_ENTROPY, logits, targets, span=span)
+
+
+def cross_entropy_grad(logits: Node, targets: Node, g: Node, span: Span | None = None) -> Node:
+    """``g[..., None] * (softmax(logits) - onehot(targets))``: cross-entropy's VJP."""
+    return emit(Op.CROSS_ENTROPY_GRAD, logits, targets, g, span=span)

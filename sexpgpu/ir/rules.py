@@ -1,0 +1,80 @@
+"""The per-op rule tables, side by side: plain dicts keyed by `Op`.
+
+* `SHAPE_RULES[op](op, inputs, attrs, span) -> (dtype, shape, attrs)`: checks the
+  operands, normalizes the attributes (axes made non-negative, ...) and gives
+  the result's dtype and shape; raises `SexpgpuError` (E-SHAPE-*) at `span`.
+* `IMPL_RULES[op](node, *arrays, out=None) -> array`: the NumPy
+  implementation. `out`, when given, is a dying operand's buffer of the
+  result's shape and dtype that the op may write into.
+* `VJP_RULES[op](node, g, needs) -> tuple[Node | None, ...]`: the cotangent
+  of each operand given the cotangent `g` of the result, built from IR nodes;
+  ``needs[i]`` says whether operand ``i`` wants one (None where not).
+
+Each table is filled by its decorator in its own module (`shape_rules`,
+`numpy_impl`, `vjp_rules`). Every op has an entry in every table or sits in
+that table's exemption set; a test checks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sexpgpu.ir.ops import Op
+
+__all__ = [
+    "IMPL_RULES",
+    "SHAPE_RULES",
+    "VJP_EXEMPT",
+    "VJP_RULES",
+    "impl_rule",
+    "shape_rule",
+    "vjp_rule",
+]
+
+SHAPE_RULES: dict[Op, Callable[..., Any]] = {}
+IMPL_RULES: dict[Op, Callable[..., Any]] = {}
+VJP_RULES: dict[Op, Callable[..., Any]] = {}
+
+# Ops without a VJP: leaves (differentiation stops there), ops whose result
+# is piecewise constant (zero derivative), and the gradient-only fused ops
+# (no second derivatives).
+VJP_EXEMPT = frozenset(
+    {
+        Op.INPUT,
+        Op.PARAM,
+        Op.CONSTANT,
+        Op.IOTA,
+        Op.SIGN,
+        Op.LT,
+        Op.LE,
+        Op.EQ,
+        Op.SOFTMAX_GRAD,
+        Op.CROSS_ENTROPY_GRAD,
+    }
+)
+
+
+def _register(table: dict[Op, Callable[..., Any]], ops: tuple[Op, ...]) -> Callable:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for op in ops:
+            assert op not in table, f"{op} registered twice"
+            table[op] = fn
+        return fn
+
+    return decorate
+
+
+def shape_rule(*ops: Op) -> Callable:
+    """Register the decorated function as the shape/dtype rule of `ops`."""
+    return _register(SHAPE_RULES, ops)
+
+
+def impl_rule(*ops: Op) -> Callable:
+    """Register the decorated function as the NumPy implementation of `ops`."""
+    return _register(IMPL_RULES, ops)
+
+
+def vjp_rule(*ops: Op) -> Callable:
+    """Register the decorated function as the VJP of `ops`."""
+    return _register(VJP_RULES, ops)

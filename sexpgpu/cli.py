@@ -21,7 +21,10 @@ from sexpgpu.errors import SexpgpuError
 __all__ = ["COMMANDS", "main"]
 
 # name -> one-line help; the module sexpgpu.commands.<name> implements it.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "check": "read and check an experiment, and print it resolved",
+    "doctor": "check that this host meets the floor for a device (cpu or cuda)",
+}
 
 _DEBUG_ENV = "SEXPGPU_DEBUG"
 

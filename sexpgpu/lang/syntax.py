@@ -1,0 +1,119 @@
+"""Syntax nodes: what the reader makes of an experiment's text.
+
+Five frozen node types, each with the `Span` it was read from. Two nodes are
+equal when their contents are equal; spans take no part in equality or
+hashing, so ``Symbol("x", a) == Symbol("x", b)``.
+
+=========  ==============================  ======================
+node       text                            field
+=========  ==============================  ======================
+Symbol     ``width``, ``+``, ``->``        ``name``
+Keyword    ``:steps``                      ``name`` (no colon)
+Literal    ``42``, ``0.5``, ``"s"``,       ``value`` (int, float,
+           ``true``                        str or bool)
+ListNode   ``( ... )``                     ``items`` (a tuple)
+Vector     ``[ ... ]``                     ``items`` (a tuple)
+=========  ==============================  ======================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sexpgpu.errors import Span
+
+__all__ = ["Keyword", "ListNode", "Literal", "Node", "Symbol", "Vector", "describe", "unparse"]
+
+
+@dataclass(frozen=True, slots=True)
+class Symbol:
+    """A name: a parameter, a function, an operation, a data field."""
+
+    name: str
+    span: Span = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Keyword:
+    """An argument name such as ``:steps``; `name` is ``"steps"``."""
+
+    name: str
+    span: Span = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """An integer, float, string or boolean written in the text."""
+
+    value: int | float | str | bool
+    span: Span = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ListNode:
+    """``( ... )``: a form or a call."""
+
+    items: tuple[Node, ...]
+    span: Span = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Vector:
+    """``[ ... ]``: `let` bindings, shapes, tuples."""
+
+    items: tuple[Node, ...]
+    span: Span = field(compare=False, repr=False)
+
+
+Node = Symbol | Keyword | Literal | ListNode | Vector
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t"}
+
+
+def unparse(node: Node) -> str:
+    """The node as text that reads back to an equal node.
+
+    Parameters
+    ----------
+    node
+        Any syntax node.
+
+    Returns
+    -------
+    str
+        One line of S-expression text, items separated by single spaces.
+    """
+    if isinstance(node, Symbol):
+        return node.name
+    if isinstance(node, Keyword):
+        return ":" + node.name
+    if isinstance(node, Literal):
+        return _unparse_literal(node.value)
+    inner = " ".join(unparse(item) for item in node.items)
+    return f"({inner})" if isinstance(node, ListNode) else f"[{inner}]"
+
+
+def _unparse_literal(value: int | float | str | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + "".join(_ESCAPES.get(ch, ch) for ch in value) + '"'
+    return repr(value)
+
+
+def describe(node: Node) -> str:
+    """A short phrase naming the node's kind and text, for error messages.
+
+    >>> describe(Literal(3, span))  # doctest: +SKIP
+    'integer `3`'
+    """
+    if isinstance(node, Literal):
+        kind = {bool: "boolean", int: "integer", float: "float", str: "string"}[type(node.value)]
+    else:
+        kind = {Symbol: "symbol", Keyword: "keyword", ListNode: "list", Vector: "vector"}[
+            type(node)
+        ]
+    text = unparse(node)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    return f"{kind} `{text}`"

@@ -1,0 +1,285 @@
+"""`src`, `apply` and `compress`: contraction and compression of tensor trains.
+
+Successive randomized compression (SRC): Camaño, Epperly and Tropp,
+"Successive randomized compression: a randomized algorithm for the compressed
+MPO-MPS product", arXiv:2504.06475.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from .args import check_chi_out, check_cutoff, check_device, check_resources, sketch_size
+from .exact import exact_two_sites
+from .resources import Resources, resolve_host_budget
+from .sketch import SketchSource, sketch_dtype, work_dtype
+from .sweep import sweep
+from .trains import Stack, normalize_stack, unpad
+
+__all__ = ["apply", "compress", "src"]
+
+logger = logging.getLogger(__name__)
+
+# The randomized sweep needs a site between the two boundary sites.
+MIN_SWEEP_SITES = 3
+
+
+def _run(
+    fn: str,
+    trains: Sequence[Any],
+    names: Sequence[str],
+    chi_out: object,
+    cutoff: object,
+    oversample: object,
+    dtype: DTypeLike | None,
+    seed: object,
+    device: object,
+    resources: object,
+) -> list[np.ndarray]:
+    """Validate every argument, then run the exact path or the sweep."""
+    chi = check_chi_out(fn, chi_out)
+    cut = check_cutoff(fn, cutoff)
+    size = sketch_size(fn, chi, oversample)
+    check_device(fn, device)
+    res = check_resources(fn, resources)
+    stack: Stack = normalize_stack(trains, fn, names)
+    sketch = sketch_dtype(dtype, stack.dtype)
+    work = work_dtype(sketch, stack.dtype)
+    if stack.n_sites < MIN_SWEEP_SITES:
+        logger.warning(
+            "%s: %d sites; the randomized sweep needs 3 or more, so the stack is "
+            "contracted and truncated exactly",
+            fn,
+            stack.n_sites,
+        )
+        cores = exact_two_sites([stack.read(0), stack.read(1)], chi, cut, work)
+        return unpad(cores, stack.kind)
+    logger.debug(
+        "%s: %d sites, %d layers, result %s, chi_out=%d, sketch=%d, dtype=%s",
+        fn,
+        stack.n_sites,
+        len(stack.layers),
+        stack.kind,
+        chi,
+        size,
+        work,
+    )
+    res = res or Resources()
+    cores = sweep(
+        stack,
+        SketchSource(seed, size, sketch),
+        work,
+        cutoff=cut,
+        truncate_to=chi if size > chi else None,
+        host_budget=resolve_host_budget(res),
+        scratch_dir=res.scratch_path,
+    )
+    return unpad(cores, stack.kind)
+
+
+def src(
+    *trains: Sequence[Any],
+    chi_out: int | np.integer,
+    cutoff: float = 0.0,
+    oversample: float | None = 1.0,
+    dtype: DTypeLike | None = None,
+    seed: int | np.random.Generator | None = None,
+    device: str = "cpu",
+    resources: Resources | None = None,
+) -> list[np.ndarray]:
+    """Contract a stack of tensor trains and compress the product in one SRC sweep.
+
+    Successive randomized compression (Camaño, Epperly and Tropp,
+    arXiv:2504.06475) sketches the product from the left with a Khatri-Rao
+    Gaussian test tensor, then builds the output right to left, each core an
+    orthonormal basis of a sketch.
+
+    The stack ``src(T_1, T_2, ..., T_m)`` is the product ``T_1 T_2 ... T_m`` in
+    mathematical order: the ``d`` leg of each train meets the ``u`` leg of the
+    next, so ``T_m`` acts first. Accepted stacks: one MPS or one MPO (plain
+    compression); MPOs (an MPO); MPOs then an MPS (a ket); an MPS then MPOs
+    (the row vector ``phi^T A_1 ... A_k``, not conjugated: an MPS on the ``d``
+    leg of ``A_k``). Pass ``[t.conj() for t in psi]`` for the bra ``<psi|``.
+
+    Parameters
+    ----------
+    *trains : lists of array-likes
+        Each train a list of per-site arrays in quimb's layout: MPO bulk
+        ``(l, r, u, d)``, MPS bulk ``(l, r, p)``, boundary sites without the
+        outer bond. A site may be any array-like with ``shape``, ``dtype`` and
+        ``np.asarray`` (``np.memmap``, an HDF5 or zarr dataset); it is read
+        when the sweep reaches it, once per pass.
+    chi_out : int
+        The largest bond dimension of the result.
+    cutoff : float, default 0.0
+        Drop singular values below ``cutoff * sigma_max``: in the sketch's basis,
+        or in the final SVD pass when oversampling. Must lie in ``[0, 1)``.
+    oversample : float or None, default 1.0
+        Sketch size ``ceil(oversample * chi_out)``, finite and at least 1;
+        ``None`` is the paper's ``max(ceil(1.5 chi_out), chi_out + 10)``. A
+        sketch bigger than ``chi_out`` is followed by an exact SVD truncation
+        to ``chi_out``.
+    dtype : dtype-like, optional
+        The sketch dtype. Defaults to the inputs' promoted floating dtype
+        (complex Ginibre sketches for complex inputs). The result has the
+        sketch dtype promoted with the inputs'.
+    seed : int or numpy.random.Generator, optional
+        Seeds the sketches; the same seed gives the same result.
+    device : {"cpu", "gpu"}, default "cpu"
+        Where the sweep runs. ``"gpu"`` is reserved: it raises until the GPU
+        sweep lands.
+    resources : Resources, optional
+        Host memory budget and scratch directory for the sweep.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The compressed train in quimb's layout: right-canonical, or
+        left-canonical (norm on the last site) after an oversampled sweep.
+        Two-site stacks are contracted and truncated exactly (right-canonical),
+        with a logged warning.
+
+    Raises
+    ------
+    TypeError
+        ``chi_out`` not an integer, a train or site of the wrong type, an
+        unknown layout, or an MPS in the middle or at both ends.
+    ValueError
+        ``chi_out < 1``; ``cutoff`` outside ``[0, 1)``; ``oversample`` below 1
+        or not finite; an empty stack or train; a closed boundary; bonds that
+        disagree; trains of different lengths; physical legs that do not
+        join; one-site trains; an unknown device.
+    ImportError, RuntimeError, NotImplementedError
+        ``device="gpu"`` without torch, without CUDA, or with CUDA.
+
+    Examples
+    --------
+    >>> psi2 = src(U2, U1, psi, chi_out=64, seed=0)  # U2 U1 |psi>  # doctest: +SKIP
+    """
+    names = [f"trains[{i}]" for i in range(len(trains))]
+    return _run("src", trains, names, chi_out, cutoff, oversample, dtype, seed, device, resources)
+
+
+def apply(
+    left_tensor: Sequence[Any],
+    right_tensor: Sequence[Any],
+    chi_out: int | np.integer,
+    *,
+    cutoff: float = 0.0,
+    oversample: float | None = 1.0,
+    dtype: DTypeLike | None = None,
+    seed: int | np.random.Generator | None = None,
+    device: str = "cpu",
+    resources: Resources | None = None,
+) -> list[np.ndarray]:
+    """Apply an MPO to an MPS or an MPO and compress the product by SRC.
+
+    ``apply(A, B, chi_out)`` is ``src(A, B, chi_out=chi_out)`` with an MPO on the
+    left: ``A |psi>`` for an MPS ``B``, the product ``A B`` for an MPO ``B``
+    (Camaño, Epperly and Tropp, arXiv:2504.06475). See `src` for the layouts
+    and the keyword arguments.
+
+    Parameters
+    ----------
+    left_tensor : list of array-likes
+        The MPO ``A``.
+    right_tensor : list of array-likes
+        The MPS or MPO ``B``.
+    chi_out : int
+        The largest bond dimension of the result.
+    cutoff, oversample, dtype, seed, device, resources
+        As in `src`.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        An MPS if ``B`` is one, else an MPO.
+
+    Raises
+    ------
+    TypeError
+        ``left_tensor`` is not an MPO, and everything `src` raises.
+    ValueError
+        As in `src`.
+    """
+    first = _first_rank(left_tensor)
+    if first is not None and first != 3:
+        raise TypeError(
+            f"apply: left_tensor (train 0) must be an MPO (first site rank 3, (r, u, d)), "
+            f"got a first site of rank {first}; for an MPS on the left use "
+            "src(phi, mpo, chi_out=...)."
+        )
+    return _run(
+        "apply",
+        (left_tensor, right_tensor),
+        ("left_tensor", "right_tensor"),
+        chi_out,
+        cutoff,
+        oversample,
+        dtype,
+        seed,
+        device,
+        resources,
+    )
+
+
+def compress(
+    tensor: Sequence[Any],
+    chi_out: int | np.integer,
+    *,
+    cutoff: float = 0.0,
+    oversample: float | None = 1.0,
+    dtype: DTypeLike | None = None,
+    seed: int | np.random.Generator | None = None,
+    device: str = "cpu",
+    resources: Resources | None = None,
+) -> list[np.ndarray]:
+    """Compress one MPS or MPO to bond dimension ``chi_out`` by SRC.
+
+    ``compress(T, chi_out)`` is ``src(T, chi_out=chi_out)`` (Camaño, Epperly and
+    Tropp, arXiv:2504.06475). See `src` for the layouts and keyword arguments.
+
+    Parameters
+    ----------
+    tensor : list of array-likes
+        The MPS or MPO.
+    chi_out : int
+        The largest bond dimension of the result.
+    cutoff, oversample, dtype, seed, device, resources
+        As in `src`.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The compressed train, of the input's kind.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As in `src`.
+    """
+    return _run(
+        "compress",
+        (tensor,),
+        ("tensor",),
+        chi_out,
+        cutoff,
+        oversample,
+        dtype,
+        seed,
+        device,
+        resources,
+    )
+
+
+def _first_rank(train: object) -> int | None:
+    """The rank of a train's first site, or None when that is not yet checkable."""
+    if not isinstance(train, Sequence) or isinstance(train, str | bytes) or len(train) == 0:
+        return None
+    shape = getattr(train[0], "shape", None)
+    return None if shape is None else len(shape)

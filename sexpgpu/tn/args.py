@@ -1,0 +1,113 @@
+"""Checks of the scalar arguments shared by `src`, `apply` and `compress`.
+
+Each raises at once, naming the function, the argument and the fix, rather than
+letting a bad value fail deep inside the sweep.
+"""
+
+from __future__ import annotations
+
+import numbers
+from math import ceil, isfinite
+
+from .resources import Resources
+
+__all__ = ["check_chi_out", "check_cutoff", "check_device", "check_resources", "sketch_size"]
+
+DEVICES = ("cpu", "gpu")
+
+
+def check_chi_out(fn: str, chi_out: object) -> int:
+    """Return ``chi_out`` as an int; reject non-integers (TypeError) and values < 1."""
+    if isinstance(chi_out, bool) or not isinstance(chi_out, numbers.Integral):
+        raise TypeError(
+            f"{fn}: chi_out must be an integer, got {chi_out!r} "
+            f"({type(chi_out).__name__}); pass e.g. chi_out=64."
+        )
+    if chi_out < 1:
+        raise ValueError(
+            f"{fn}: chi_out must be a positive integer, got {chi_out}; pass the largest "
+            "bond dimension to keep, e.g. chi_out=64."
+        )
+    return int(chi_out)
+
+
+def check_cutoff(fn: str, cutoff: object) -> float:
+    """Return ``cutoff`` as a float in ``[0, 1)``; anything else is a ValueError."""
+    if (
+        isinstance(cutoff, bool)
+        or not isinstance(cutoff, numbers.Real)
+        or not 0.0 <= float(cutoff) < 1.0
+    ):
+        raise ValueError(
+            f"{fn}: cutoff must be a real number in [0, 1), got {cutoff!r}; it drops "
+            "singular values below cutoff * sigma_max (0.0 keeps chi_out of them)."
+        )
+    return float(cutoff)
+
+
+def sketch_size(fn: str, chi_out: int, oversample: object) -> int:
+    """Return the sketch size: ``ceil(oversample * chi_out)``, or the paper's default.
+
+    ``oversample=None`` gives ``max(ceil(1.5 chi_out), chi_out + 10)``.
+    """
+    if oversample is None:
+        return max(ceil(1.5 * chi_out), chi_out + 10)
+    if (
+        isinstance(oversample, bool)
+        or not isinstance(oversample, numbers.Real)
+        or not isfinite(float(oversample))
+        or float(oversample) < 1.0
+    ):
+        raise ValueError(
+            f"{fn}: oversample must be a finite factor >= 1.0, got {oversample!r}; pass "
+            "1.0 for no oversampling or None for max(1.5 chi_out, chi_out + 10)."
+        )
+    return ceil(float(oversample) * chi_out)
+
+
+def check_device(fn: str, device: object) -> str:
+    """Accept ``"cpu"``; check ``"gpu"`` against torch.cuda; reject anything else.
+
+    Raises
+    ------
+    ValueError
+        An unknown device.
+    ImportError
+        ``"gpu"`` without torch installed.
+    RuntimeError
+        ``"gpu"`` where torch sees no CUDA device.
+    NotImplementedError
+        ``"gpu"`` with a CUDA device: the GPU sweep is not part of this release.
+    """
+    if not isinstance(device, str) or device not in DEVICES:
+        raise ValueError(f"{fn}: device must be 'cpu' or 'gpu', got {device!r}.")
+    if device == "cpu":
+        return device
+    try:
+        import torch  # a device library, loaded only when asked for
+    except ImportError as err:
+        raise ImportError(
+            f"{fn}: device='gpu' needs PyTorch with CUDA (pip install 'sexpgpu[cuda]'); "
+            "use device='cpu' meanwhile."
+        ) from err
+    if not torch.cuda.is_available():
+        raise RuntimeError(
+            f"{fn}: device='gpu' but torch.cuda.is_available() is False (no CUDA device "
+            "or a CPU-only PyTorch); use device='cpu'."
+        )
+    raise NotImplementedError(
+        f"{fn}: device='gpu' is not available in this release of sexpgpu.tn; use device='cpu'."
+    )
+
+
+def check_resources(fn: str, resources: object) -> Resources | None:
+    """Accept ``None``, a `Resources`, or an object with the same four fields."""
+    fields = ("gpu_memory", "host_memory", "scratch_dir", "devices")
+    if resources is None or isinstance(resources, Resources):
+        return resources
+    if all(hasattr(resources, f) for f in fields):  # e.g. another library's Resources
+        return Resources(**{f: getattr(resources, f) for f in fields})
+    raise TypeError(
+        f"{fn}: resources must be a sexpgpu.tn.Resources or None, got "
+        f"{type(resources).__name__}; pass e.g. Resources(host_memory='16GiB')."
+    )

@@ -1,0 +1,183 @@
+"""The site contractions of the sweep, each a chain of reshapes and BLAS products.
+
+Every contraction is written as a sequence of pairwise products (`pair`), each
+one reshape + ``np.dot`` (one GEMM), or ``np.matmul`` over the sketch index when
+that index is shared (the Khatri-Rao sketch). Labels name the legs::
+
+    layer i (padded core)      l_i ── G_i ── r_i        x_0 = u of the result
+                                       │                x_k = d of the result
+                                    x_i above, x_{i+1} below
+
+    environment C_j   (s, l_0 .. l_{k-1})   sketch of sites 0 .. j-1
+    projected S       (e, r_0 .. r_{k-1})   sites j+1 .. n-1 against the output
+    test tensor       (s, x_0, x_k)
+
+The order keeps the biggest bond (usually the last layer's: the MPS, or the
+product's ket side) inside the GEMMs, and pairs the test tensor where it shrinks
+the intermediate most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+
+import numpy as np
+
+__all__ = ["core_labels", "env_step", "environment_labels", "pair", "right_block"]
+
+Labels = tuple[str, ...]
+
+
+def core_labels(i: int) -> Labels:
+    """Labels of layer ``i``'s padded core ``(l, r, u, d)``."""
+    return (f"l{i}", f"r{i}", f"x{i}", f"x{i + 1}")
+
+
+def environment_labels(k: int, head: str, side: str) -> Labels:
+    """Labels ``(head, side0, ..., side{k-1})`` of an environment of ``k`` layers."""
+    return (head, *(f"{side}{i}" for i in range(k)))
+
+
+def _as_matrix(
+    x: np.ndarray, labels: Labels, rows: Sequence[str], cols: Sequence[str]
+) -> np.ndarray:
+    """View ``x`` as a ``(rows, cols)`` matrix, copying only when the layout needs it."""
+    dims = dict(zip(labels, x.shape, strict=True))
+    n_rows, n_cols = prod(dims[a] for a in rows), prod(dims[a] for a in cols)
+    if labels == (*rows, *cols) and x.flags.c_contiguous:
+        return x.reshape(n_rows, n_cols)
+    if labels == (*cols, *rows) and x.flags.c_contiguous:
+        return x.reshape(n_cols, n_rows).T  # a transposed view: BLAS takes it as is
+    perm = [labels.index(a) for a in (*rows, *cols)]
+    return np.ascontiguousarray(x.transpose(perm)).reshape(n_rows, n_cols)
+
+
+def pair(
+    a: np.ndarray, la: Labels, b: np.ndarray, lb: Labels, batch: Labels = ()
+) -> tuple[np.ndarray, Labels]:
+    """Contract every label ``a`` and ``b`` share, except ``batch``, with one product.
+
+    Parameters
+    ----------
+    a, b : numpy.ndarray
+        The operands.
+    la, lb : tuple of str
+        Their labels, one per axis.
+    batch : tuple of str
+        Shared labels kept as a batch axis (``np.matmul``), first in the result.
+
+    Returns
+    -------
+    result : numpy.ndarray
+        Axes ``batch + free(a) + free(b)``, each group in its operand's order.
+    labels : tuple of str
+        The result's labels.
+    """
+    shared = [x for x in la if x in lb and x not in batch]
+    # The contracted legs follow the bigger operand's layout, so that one is not copied.
+    contract = [x for x in (la if a.size >= b.size else lb) if x in shared]
+    free_a = [x for x in la if x not in lb]
+    free_b = [x for x in lb if x not in la]
+    dims = dict(zip(la, a.shape, strict=True)) | dict(zip(lb, b.shape, strict=True))
+    out = (*batch, *free_a, *free_b)
+    if not batch:
+        result = np.dot(_as_matrix(a, la, free_a, contract), _as_matrix(b, lb, contract, free_b))
+        return result.reshape([dims[x] for x in out]), out
+    n_batch = prod(dims[x] for x in batch)
+    am = _as_matrix(a, la, batch, (*free_a, *contract)).reshape(
+        n_batch, prod(dims[x] for x in free_a), prod(dims[x] for x in contract)
+    )
+    bm = _as_matrix(b, lb, batch, (*contract, *free_b)).reshape(
+        n_batch, prod(dims[x] for x in contract), prod(dims[x] for x in free_b)
+    )
+    return np.matmul(am, bm).reshape([dims[x] for x in out]), out
+
+
+def arrange(x: np.ndarray, labels: Labels, order: Labels) -> np.ndarray:
+    """Return ``x`` with its axes in ``order``, C-contiguous."""
+    if labels == order:
+        return np.ascontiguousarray(x)
+    return np.ascontiguousarray(x.transpose([labels.index(a) for a in order]))
+
+
+def env_step(env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
+    """Advance a batch of sketch columns of the left environment by one site.
+
+    ::
+
+        C_j (s, l..) ──G_0──G_1── ... ──G_{k-1}──  ->  C_{j+1} (s, r..)
+                        │x_0               │x_k
+                        └──── omega (s, x_0, x_k) ┘   (s shared: Khatri-Rao)
+
+    Parameters
+    ----------
+    env : numpy.ndarray
+        Columns of ``C_j``, shape ``(b, l_0, ..., l_{k-1})``.
+    omega : numpy.ndarray
+        The same columns of the site's test tensor, ``(b, u, d)``.
+    cores : sequence of numpy.ndarray
+        The padded cores of the site, one per layer.
+
+    Returns
+    -------
+    numpy.ndarray
+        Columns of ``C_{j+1}``, shape ``(b, r_0, ..., r_{k-1})``.
+    """
+    k = len(cores)
+    x, lx = env, environment_labels(k, "s", "l")
+    down = f"x{k}"
+    # A trivial lower leg (an MPS last) is left to the end; otherwise the test
+    # tensor meets it right after the last layer, which shrinks the rest by d.
+    early = k > 1 and omega.shape[2] > 1
+    for i in reversed(range(k)):
+        x, lx = pair(x, lx, cores[i], core_labels(i))
+        if i == k - 1 and early:
+            x, lx = pair(x, lx, omega, ("s", "x0", down), batch=("s",))
+    if not early:
+        x, lx = pair(x, lx, omega, ("s", "x0", down), batch=("s",))
+    return arrange(x, lx, environment_labels(k, "s", "r"))
+
+
+def right_block(proj: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
+    """Contract the projected environment with a site's cores.
+
+    ::
+
+        ──G_0──G_1── ... ──G_{k-1}── S (e, r..)   ->   Z (e, u, d, l_0 .. l_{k-1})
+          │x_0               │x_k
+
+    ``Z`` serves the site twice: the sketch is ``Z C_j^T`` and the next
+    projected environment ``conj(core) Z``, so it is computed once.
+
+    Parameters
+    ----------
+    proj : numpy.ndarray
+        ``S``, shape ``(e, r_0, ..., r_{k-1})``.
+    cores : sequence of numpy.ndarray
+        The padded cores of the site.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``Z``, shape ``(e, u, d, l_0, ..., l_{k-1})``, C-contiguous.
+    """
+    k = len(cores)
+    z, lz = proj, environment_labels(k, "e", "r")
+    for i in reversed(range(k)):
+        z, lz = pair(z, lz, cores[i], core_labels(i))
+    return arrange(z, lz, ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:]))
+
+
+def env_peak_per_column(shapes: Sequence[tuple[int, int, int, int]]) -> int:
+    """Estimate the elements `env_step` holds per sketch column (a generous bound)."""
+    k = len(shapes)
+    up, down = shapes[0][2], shapes[-1][3]
+    peak = 0
+    for i in range(k + 1):
+        lefts = prod(s[0] for s in shapes[:i])
+        rights = prod(s[1] for s in shapes[i:])
+        mid = shapes[i][2] if i < k else down
+        peak = max(peak, lefts * rights * up * down * mid)
+    # an input, an output and a rearranged copy may be alive together
+    return 3 * peak

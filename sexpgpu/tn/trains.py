@@ -1,0 +1,312 @@
+"""Trains and stacks: kinds, validation, the ket form and lazy site reading.
+
+A train is a list of per-site array-likes in quimb's layout::
+
+    MPS   (r, p)      (l, r, p) ...      (l, p)
+    MPO   (r, u, d)   (l, r, u, d) ...   (l, u, d)
+
+Its kind is read from the rank of the first site. A stack ``T_1, ..., T_m`` is
+the product ``T_1 T_2 ... T_m``: the ``d`` leg of each train meets the ``u``
+(or only physical) leg of the next. An MPS may stand first (a row vector, not
+conjugated) or last (a ket), never both.
+
+The sweep works on the *ket form*: MPOs, then at most one MPS. A leading MPS
+``phi^T A_1 ... A_k`` is rewritten as ``A_k^T ... A_1^T phi`` (``^T`` swaps
+``u`` and ``d``). Every site is seen through a `Layer` as a padded bulk core
+``(l, r, u, d)``: boundary sites get a size-1 outer bond and an MPS a size-1
+``d`` leg, so one set of contractions serves every site. Validation reads only
+``shape`` and ``dtype``; data is read by `Layer.read` when the sweep needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["Kind", "Layer", "Stack", "normalize_stack", "unpad"]
+
+Kind = Literal["mps", "mpo"]
+Shape4 = tuple[int, int, int, int]
+
+_BOUNDARY_RANK = {"mps": 2, "mpo": 3}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One train of a stack in ket form, read one padded site at a time.
+
+    Attributes
+    ----------
+    sites : sequence of array-likes
+        The user's sites, untouched.
+    kind : {"mps", "mpo"}
+        The train's kind.
+    transposed : bool
+        Whether ``u`` and ``d`` are swapped on reading (a bra rewritten as a ket).
+    """
+
+    sites: Sequence[Any]
+    kind: Kind
+    transposed: bool = False
+
+    def __len__(self) -> int:
+        return len(self.sites)
+
+    def shape(self, j: int) -> Shape4:
+        """Return the padded ``(l, r, u, d)`` shape of site ``j`` without reading it."""
+        dims = list(_shape(self.sites[j]))
+        if self.kind == "mps":
+            dims.append(1)
+        elif self.transposed:
+            dims[-2], dims[-1] = dims[-1], dims[-2]
+        if j == 0:
+            dims.insert(0, 1)
+        if j == len(self.sites) - 1:
+            dims.insert(1, 1)
+        left, right, up, down = dims
+        return left, right, up, down
+
+    def read(self, j: int) -> np.ndarray:
+        """Read site ``j`` into memory as a padded ``(l, r, u, d)`` array."""
+        site = self.sites[j]
+        core = site if type(site) is np.ndarray else np.asarray(site)
+        if self.kind == "mps":
+            core = core[..., None]
+        elif self.transposed:
+            core = core.swapaxes(-2, -1)
+        if j == 0:
+            core = core[None]
+        if j == len(self.sites) - 1:
+            core = core[:, None]
+        return core
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A validated stack in ket form.
+
+    Attributes
+    ----------
+    layers : list of Layer
+        MPOs, then at most one MPS, in the order the sweep contracts them.
+    kind : {"mps", "mpo"}
+        The kind of the result.
+    dtype : numpy.dtype
+        The inputs' promoted dtype.
+    """
+
+    layers: list[Layer]
+    kind: Kind
+    dtype: np.dtype
+
+    @property
+    def n_sites(self) -> int:
+        """The number of sites of every train."""
+        return len(self.layers[0])
+
+    def shapes(self, j: int) -> list[Shape4]:
+        """Return the padded shapes of every layer at site ``j``."""
+        return [layer.shape(j) for layer in self.layers]
+
+    def read(self, j: int) -> list[np.ndarray]:
+        """Read site ``j`` of every layer."""
+        return [layer.read(j) for layer in self.layers]
+
+
+def _shape(site: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in site.shape)
+
+
+def _where(fn: str, names: Sequence[str], i: int, j: int | None = None) -> str:
+    """Return the location prefix of a message: function, argument, train, site."""
+    site = "" if j is None else f", site {j}"
+    return f"{fn}: {names[i]} (train {i}{site})"
+
+
+def _check_train(fn: str, names: Sequence[str], i: int, train: object) -> Kind:
+    """Check one train's container, sites, ranks and bonds; return its kind."""
+    here = _where(fn, names, i)
+    if hasattr(train, "arrays") and not isinstance(train, Sequence):
+        raise TypeError(
+            f"{here} is a {type(train).__name__}; pass its list of site arrays, "
+            "e.g. `mps.arrays` or `list(mpo.arrays)`."
+        )
+    if isinstance(train, str | bytes | np.ndarray) or not isinstance(train, Sequence):
+        raise TypeError(
+            f"{here} must be a list of per-site arrays, got {type(train).__name__}; "
+            "pass e.g. `[site0, site1, ...]` or quimb's `tn.arrays`."
+        )
+    if len(train) == 0:
+        raise ValueError(f"{here} has no sites; pass a list of at least two site arrays.")
+    for j, site in enumerate(train):
+        if not (hasattr(site, "shape") and hasattr(site, "dtype")):
+            raise TypeError(
+                f"{_where(fn, names, i, j)} is a {type(site).__name__} without shape and "
+                "dtype; pass a NumPy array, np.memmap, or an HDF5 or zarr dataset."
+            )
+        if np.dtype(site.dtype).kind not in "biufc":
+            raise TypeError(
+                f"{_where(fn, names, i, j)} has dtype {site.dtype}; pass numeric arrays "
+                "(float32/64 or complex64/128)."
+            )
+        if any(n < 1 for n in _shape(site)):
+            raise ValueError(
+                f"{_where(fn, names, i, j)} has an empty dimension, shape {_shape(site)}; "
+                "every bond and physical dimension must be at least 1."
+            )
+    rank = len(_shape(train[0]))
+    kind: Kind
+    if rank == 2:
+        kind = "mps"
+    elif rank == 3:
+        kind = "mpo"
+    else:
+        raise TypeError(
+            f"{_where(fn, names, i, 0)} has rank {rank}, shape {_shape(train[0])}: the first "
+            "site of an open train is (r, p) for an MPS or (r, u, d) for an MPO. Closed "
+            "(periodic) trains are not supported; open the boundary bond first."
+        )
+    _check_ranks(fn, names, i, train, kind)
+    _check_bonds(fn, names, i, train, kind)
+    return kind
+
+
+def _check_ranks(fn: str, names: Sequence[str], i: int, train: Sequence[Any], kind: Kind) -> None:
+    """Open boundary: boundary sites have one bond, bulk sites two."""
+    edge = _BOUNDARY_RANK[kind]
+    for j, site in enumerate(train):
+        want = edge if j in (0, len(train) - 1) else edge + 1
+        rank = len(_shape(site))
+        if rank != want:
+            layout = {"mps": "(l, r, p)", "mpo": "(l, r, u, d)"}[kind]
+            raise ValueError(
+                f"{_where(fn, names, i, j)} has rank {rank}, shape {_shape(site)}, but the "
+                f"train is an {kind.upper()} (first site rank {edge}): bulk sites are "
+                f"{layout} and boundary sites drop the outer bond. Closed (periodic) "
+                "boundaries are not supported."
+            )
+
+
+def _check_bonds(fn: str, names: Sequence[str], i: int, train: Sequence[Any], kind: Kind) -> None:
+    """Neighbouring sites must agree on the bond between them."""
+    for j in range(len(train) - 1):
+        right = _shape(train[j])[0 if j == 0 else 1]
+        left = _shape(train[j + 1])[0]
+        if right != left:
+            raise ValueError(
+                f"{_where(fn, names, i, j)} has right bond {right} but site {j + 1} has left "
+                f"bond {left}; neighbouring sites must share their bond dimension."
+            )
+
+
+def _check_roles(fn: str, names: Sequence[str], kinds: Sequence[Kind]) -> None:
+    """An MPS may stand only first or last, and not at both ends."""
+    if len(kinds) < 2:
+        return
+    for i in range(1, len(kinds) - 1):
+        if kinds[i] == "mps":
+            raise TypeError(
+                f"{_where(fn, names, i)} is an MPS in the middle of the stack {list(kinds)}; "
+                "an MPS may stand only first (a row vector) or last (a ket)."
+            )
+    if kinds[0] == kinds[-1] == "mps":
+        raise TypeError(
+            f"{fn}: the stack {list(kinds)} has an MPS at both ends, which is a number, not "
+            "a train; contract it with quimb, or drop one MPS to get a train."
+        )
+
+
+def _physical(train: Sequence[Any], kind: Kind, j: int, leg: str) -> int:
+    """The ``u`` or ``d`` dimension of site ``j`` (an MPS has one leg, both ways)."""
+    shape = _shape(train[j])
+    if kind == "mps":
+        return shape[-1]
+    return shape[-2] if leg == "u" else shape[-1]
+
+
+def _check_joins(
+    fn: str, names: Sequence[str], trains: Sequence[Sequence[Any]], kinds: Sequence[Kind]
+) -> None:
+    """Train ``i``'s ``d`` leg meets train ``i+1``'s ``u`` leg at every site."""
+    for i in range(len(trains) - 1):
+        for j in range(len(trains[i])):
+            down = _physical(trains[i], kinds[i], j, "d")
+            up = _physical(trains[i + 1], kinds[i + 1], j, "u")
+            if down != up:
+                raise ValueError(
+                    f"{_where(fn, names, i, j)}: its lower leg d={down} does not join "
+                    f"{names[i + 1]} (train {i + 1}) upper leg u={up} at site {j}; the "
+                    "stack is written in mathematical order, each train's d meeting the "
+                    "next train's u."
+                )
+
+
+def normalize_stack(trains: Sequence[object], fn: str, names: Sequence[str]) -> Stack:
+    """Validate a stack and return it in ket form.
+
+    Parameters
+    ----------
+    trains : sequence
+        The trains in mathematical order.
+    fn : str
+        The public function called, for messages.
+    names : sequence of str
+        The argument name of each train, for messages.
+
+    Returns
+    -------
+    Stack
+        The layers in ket form, the result's kind and the inputs' dtype.
+
+    Raises
+    ------
+    TypeError
+        A train or site of the wrong type, an unknown layout, or a misplaced MPS.
+    ValueError
+        An empty stack or train, a closed boundary, disagreeing bonds, trains of
+        different lengths, physical legs that do not join, or a one-site stack.
+    """
+    if len(trains) == 0:
+        raise ValueError(
+            f"{fn}: the stack is empty; pass at least one train, e.g. {fn}(mpo, mps, chi_out=32)."
+        )
+    kinds = [_check_train(fn, names, i, train) for i, train in enumerate(trains)]
+    _check_roles(fn, names, kinds)
+    lengths = [len(train) for train in trains]  # type: ignore[arg-type]
+    for i, n in enumerate(lengths):
+        if n != lengths[0]:
+            raise ValueError(
+                f"{_where(fn, names, i)} has {n} sites but {names[0]} (train 0) has "
+                f"{lengths[0]}; every train of a stack must have the same number of sites."
+            )
+    typed: list[Sequence[Any]] = list(trains)  # type: ignore[arg-type]
+    _check_joins(fn, names, typed, kinds)
+    if lengths[0] < 2:
+        raise ValueError(
+            f"{fn}: the trains have one site; a train needs at least two sites (three or "
+            "more for the randomized sweep). Contract a single site directly."
+        )
+    dtype = np.result_type(*(np.dtype(site.dtype) for train in typed for site in train))
+    if len(typed) > 1 and kinds[0] == "mps":
+        # phi^T A_1 ... A_k  ==  (A_k^T ... A_1^T phi)^T, and an MPS is its own transpose.
+        layers = [Layer(t, "mpo", transposed=True) for t in reversed(typed[1:])]
+        return Stack([*layers, Layer(typed[0], "mps")], "mps", dtype)
+    layers = [Layer(t, k) for t, k in zip(typed, kinds, strict=True)]
+    return Stack(layers, "mps" if "mps" in kinds else "mpo", dtype)
+
+
+def unpad(cores: Sequence[np.ndarray], kind: Kind) -> list[np.ndarray]:
+    """Return padded ``(l, r, u, d)`` cores in quimb's layout for ``kind``."""
+    out = []
+    last = len(cores) - 1
+    for j, core in enumerate(cores):
+        view = core[..., 0] if kind == "mps" else core
+        if j == last:
+            view = view[:, 0]
+        if j == 0:
+            view = view[0]
+        out.append(np.ascontiguousarray(view))
+    return out

@@ -24,6 +24,7 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: dict[str, str] = {
     "check": "read and check an experiment, and print it resolved",
     "doctor": "check that this host meets the floor for a device (cpu or cuda)",
+    "plot": "draw a run's train and eval loss against the step into a PNG",
 }
 
 _DEBUG_ENV = "SEXPGPU_DEBUG"

@@ -1,0 +1,270 @@
+"""Checkpoints: write atomically, verify on load, fall back past damaged ones.
+
+A checkpoint of step N is a folder ``step-N/`` under a location (a local
+folder or an fsspec URL such as ``s3://bucket/prefix``) holding::
+
+    params.safetensors      the parameters, by their path names
+    optimizer.safetensors   the optimizer's moments, "<moment>/<param>"
+    state.json              step, optimizer scalars, loader position, RNG,
+                            experiment hash, device and node counts
+    manifest.json           sha256 of each file above; written last
+
+Nothing is pickled. Locally the files are written into a temporary folder,
+each fsynced, and the folder renamed into place; on an object store, where
+each object appears whole, the manifest is the last object written. A folder
+without a manifest, or whose checksums differ, is incomplete: ``latest``
+skips it (with a warning the run loop also records as an annotation) and
+takes the newest complete one before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sexpgpu.errors import SexpgpuError
+
+__all__ = ["Checkpoint", "Location", "load_checkpoint", "save_checkpoint"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_STEP = re.compile(r"^step-(\d+)$")
+_FILES = ("params.safetensors", "optimizer.safetensors", "state.json")
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint holds: tensors for safetensors, the rest JSON-able."""
+
+    step: int
+    params: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray]
+    state: dict[str, Any]
+    where: str = ""
+    skipped: list[str] = field(default_factory=list)  # damaged newer checkpoints passed over
+
+
+def _is_url(text: str) -> bool:
+    return "://" in text and not text.startswith("file://")
+
+
+class Location:
+    """A folder of ``step-N/`` checkpoints, local or behind fsspec.
+
+    Parameters
+    ----------
+    where
+        A local path or a URL (``s3://bucket/prefix``).
+    storage_options
+        Passed to fsspec (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``);
+        by default s3fs reads the usual ``AWS_*`` variables, including
+        ``AWS_ENDPOINT_URL`` for an S3-compatible server.
+    """
+
+    def __init__(self, where: str | Path, storage_options: Mapping[str, Any] | None = None):
+        self.where = str(where).rstrip("/")
+        self.remote = _is_url(self.where)
+        self.fs: Any = None
+        if self.remote:
+            self.fs, self.root = _filesystem(self.where, storage_options or {})
+        else:
+            self.root = self.where.removeprefix("file://")
+
+    def __str__(self) -> str:
+        return self.where
+
+    def _join(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def steps(self) -> list[int]:
+        """The steps that have a folder here, newest first (complete or not)."""
+        try:
+            if self.remote:
+                self.fs.invalidate_cache(self.root)  # another process may have written here
+                names = [n.rstrip("/").rsplit("/", 1)[-1] for n in self.fs.ls(self.root)]
+            else:
+                names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        except OSError as err:
+            raise _unusable(self.where, err) from None
+        return sorted((int(m[1]) for n in names if (m := _STEP.match(n))), reverse=True)
+
+    def read(self, step: int, name: str) -> bytes:
+        path = self._join(f"step-{step}", name)
+        if self.remote:
+            with self.fs.open(path, "rb") as f:
+                return f.read()
+        return Path(path).read_bytes()
+
+    def write(self, step: int, files: Mapping[str, bytes]) -> str:
+        """Write the files of one step, `files` last-written-last; return the folder."""
+        final = self._join(f"step-{step}")
+        try:
+            if self.remote:
+                self._write_remote(final, files)
+            else:
+                self._write_local(final, files)
+        except OSError as err:
+            raise _unusable(self.where, err) from None
+        return final
+
+    def _write_remote(self, final: str, files: Mapping[str, bytes]) -> None:
+        if self.fs.exists(final):  # a stale folder of this step: retire its manifest first
+            self.fs.rm(final, recursive=True)
+        for name, blob in files.items():
+            with self.fs.open(f"{final}/{name}", "wb") as f:
+                f.write(blob)
+
+    def _write_local(self, final: str, files: Mapping[str, bytes]) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        tmp = self._join(f".tmp-{uuid.uuid4().hex}")
+        os.makedirs(tmp)
+        for name, blob in files.items():
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if os.path.exists(final):  # left by a run that died after writing it
+            old = self._join(f".old-{uuid.uuid4().hex}")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(self.root)
+
+
+def _filesystem(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    try:
+        import fsspec
+
+        return fsspec.core.url_to_fs(url, **options)
+    except (ImportError, ValueError) as err:
+        raise SexpgpuError(
+            "E-CKPT-004",
+            f"checkpoint location {url} cannot be opened: {err}",
+            url,
+            hint="s3:// needs `pip install 'sexpgpu[s3]'`; other schemes need their fsspec package",
+        ) from None
+
+
+def _unusable(where: str, err: Exception) -> SexpgpuError:
+    return SexpgpuError(
+        "E-CKPT-004",
+        f"checkpoint location {where} cannot be used: {err}",
+        where,
+        hint="check the path or bucket, its permissions, and the endpoint variables",
+    )
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+def save_checkpoint(location: Location, ckpt: Checkpoint) -> str:
+    """Write `ckpt` as ``step-N/`` under `location`, atomically; return its folder."""
+    from safetensors.numpy import save
+
+    files = {
+        "params.safetensors": save({k: np.ascontiguousarray(v) for k, v in ckpt.params.items()}),
+        "optimizer.safetensors": save(
+            {k: np.ascontiguousarray(v) for k, v in ckpt.optimizer.items()}
+        ),
+        "state.json": json.dumps({**ckpt.state, "step": ckpt.step}, indent=1).encode(),
+    }
+    manifest = {
+        "format": FORMAT,
+        "step": ckpt.step,
+        "files": {n: _sha256(b) for n, b in files.items()},
+    }
+    files["manifest.json"] = json.dumps(manifest, indent=1).encode()
+    where = location.write(ckpt.step, files)
+    log.info("checkpoint: wrote %s", where)
+    return where
+
+
+def _read_verified(location: Location, step: int) -> Checkpoint:
+    """Read and check one step; raise E-CKPT-002 on anything missing or altered."""
+    from safetensors.numpy import load
+
+    where = f"{location.where}/step-{step}"
+    try:
+        manifest = json.loads(location.read(step, "manifest.json"))
+        blobs = {n: location.read(step, n) for n in _FILES}
+    except (OSError, ValueError) as err:
+        raise SexpgpuError(
+            "E-CKPT-002",
+            f"checkpoint {where} is incomplete: {err}",
+            where,
+            hint="it was perhaps cut off while being written; resume from an earlier one",
+        ) from None
+    for name, blob in blobs.items():
+        if manifest.get("files", {}).get(name) != _sha256(blob):
+            raise SexpgpuError(
+                "E-CKPT-002",
+                f"checkpoint {where}: {name} does not match the checksum in its manifest",
+                where,
+                hint="the file was altered or damaged; resume from an earlier checkpoint",
+            )
+    state = json.loads(blobs["state.json"])
+    return Checkpoint(
+        step=int(state["step"]),
+        params=dict(load(blobs["params.safetensors"])),
+        optimizer=dict(load(blobs["optimizer.safetensors"])),
+        state=state,
+        where=where,
+    )
+
+
+def load_checkpoint(
+    where: str | Path, storage_options: Mapping[str, Any] | None = None
+) -> Checkpoint:
+    """Load a checkpoint: a ``step-N`` folder, or the newest complete one of a location.
+
+    A damaged or incomplete ``step-N`` named directly is an error
+    (E-CKPT-002); in a location, damaged ones are skipped with a warning and
+    listed in `Checkpoint.skipped`. No complete checkpoint is E-CKPT-001.
+    """
+    text = str(where).rstrip("/")
+    parent, _, leaf = text.rpartition("/")
+    if (m := _STEP.match(leaf)) and parent:
+        return _read_verified(Location(parent, storage_options), int(m[1]))
+    location = Location(text, storage_options)
+    skipped = []
+    for step in location.steps():
+        try:
+            ckpt = _read_verified(location, step)
+        except SexpgpuError as err:
+            log.warning("checkpoint: skipping %s/step-%d: %s", text, step, err.message)
+            skipped.append(err.message)
+            continue
+        ckpt.skipped = skipped
+        return ckpt
+    raise SexpgpuError(
+        "E-CKPT-001",
+        f"no complete checkpoint in {text}",
+        text,
+        hint="run without --resume to start afresh, or name a checkpoint folder step-N",
+    )

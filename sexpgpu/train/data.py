@@ -1,0 +1,447 @@
+"""Data sources and loaders: what a `defdata` form yields per microbatch.
+
+A *source* turns a `DataDef` into a data set: a token stream (``bytes``,
+``tokens``, ``python-stdlib``) or named sample arrays (``arrays``,
+``digits``). A *loader* cuts a data set into microbatches for one rank.
+
+Everything a loader yields is a pure function of the run's seed and a global
+microbatch index, so a loader's position is one integer (the optimizer steps
+consumed) and a resume continues exactly where the run stopped::
+
+    step s, microbatches M, ranks R, rank r
+    global microbatch g = s*M + r*(M/R) + j      for j in 0 .. M/R-1
+
+Token streams: the first ``split`` of the stream trains, the rest evaluates.
+Training windows of ``seq + 1`` tokens start at random offsets drawn from
+``default_rng([seed, g])``; evaluation uses consecutive windows from the
+start of the eval part, the same ones every time. Sample arrays: a seeded
+permutation splits the samples; training walks a fresh permutation of the
+training samples each epoch; evaluation walks the eval samples in order,
+wrapping around to fill the last batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sysconfig
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from sexpgpu.errors import SexpgpuError
+
+__all__ = [
+    "SOURCES",
+    "ArrayLoader",
+    "ArraySet",
+    "Loader",
+    "StreamLoader",
+    "TokenStream",
+    "make_loader",
+    "python_stdlib_bytes",
+    "source",
+]
+
+DEFAULT_SPLIT = 0.9
+_TOKEN_DTYPES = {"u8": "<u1", "u16": "<u2", "u32": "<u4", "i32": "<i4"}
+
+
+@dataclass(frozen=True)
+class TokenStream:
+    """A flat stream of integer tokens (often a read-only `np.memmap`)."""
+
+    tokens: np.ndarray
+    seq: int
+    split: float
+    where: str
+
+
+@dataclass(frozen=True)
+class ArraySet:
+    """Named arrays whose first axis is the sample."""
+
+    fields: Mapping[str, np.ndarray]
+    split: float
+    where: str
+
+
+DataSet = TokenStream | ArraySet
+
+# name as users type it -> function(DataDef) -> DataSet
+SOURCES: dict[str, Callable[[Any], DataSet]] = {}
+
+
+def source(name: str) -> Callable[[Callable[[Any], DataSet]], Callable[[Any], DataSet]]:
+    """Register a data source under the name users write in `defdata`."""
+
+    def register(fn: Callable[[Any], DataSet]) -> Callable[[Any], DataSet]:
+        SOURCES[name] = fn
+        return fn
+
+    return register
+
+
+def _where(data: Any) -> Any:
+    return getattr(data, "span", None) or getattr(data, "name", None)
+
+
+def _split(data: Any) -> float:
+    split = float(data.options.get("split", DEFAULT_SPLIT))
+    if not 0.0 < split < 1.0:
+        raise SexpgpuError(
+            "E-DATA-005",
+            f"data set `{data.name}`: :split {split} is not between 0 and 1",
+            _where(data),
+            hint="write the training fraction, e.g. :split 0.9",
+        )
+    return split
+
+
+def _seq(data: Any) -> int:
+    seq = data.options.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise SexpgpuError(
+            "E-DATA-005",
+            f"data set `{data.name}`: a token stream needs :seq, a positive integer (got {seq!r})",
+            _where(data),
+            hint="add the window length, e.g. :seq 64",
+        )
+    return seq
+
+
+def _existing_file(data: Any) -> Path:
+    path = Path(data.path) if data.path is not None else None
+    if path is None or not path.is_file():
+        raise SexpgpuError(
+            "E-DATA-001",
+            f"data set `{data.name}`: file {path} does not exist",
+            str(path) if path is not None else _where(data),
+            hint="paths in `defdata` are relative to the experiment file; check the name",
+        )
+    if path.stat().st_size == 0:
+        raise SexpgpuError(
+            "E-DATA-002",
+            f"data set `{data.name}`: file {path} is empty",
+            str(path),
+            hint="point `defdata` at a file with data in it",
+        )
+    return path
+
+
+@source("bytes")
+def _bytes(data: Any) -> TokenStream:
+    path = _existing_file(data)
+    tokens = np.memmap(path, dtype=np.uint8, mode="r")
+    return TokenStream(tokens, _seq(data), _split(data), str(path))
+
+
+@source("tokens")
+def _tokens(data: Any) -> TokenStream:
+    path = _existing_file(data)
+    name = str(data.options.get("dtype", "u16"))
+    if name not in _TOKEN_DTYPES:
+        raise SexpgpuError(
+            "E-DATA-003",
+            f"data set `{data.name}`: unknown token dtype {name!r} for {path}",
+            str(path),
+            hint=f"use one of {', '.join(_TOKEN_DTYPES)}",
+        )
+    dtype = np.dtype(_TOKEN_DTYPES[name])
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise SexpgpuError(
+            "E-DATA-003",
+            f"data set `{data.name}`: {path} has {size} bytes, not a whole number of "
+            f"{name} tokens ({dtype.itemsize} bytes each)",
+            str(path),
+            hint="check :dtype: the file was perhaps written as another integer width",
+        )
+    tokens = np.memmap(path, dtype=dtype, mode="r")
+    return TokenStream(tokens, _seq(data), _split(data), str(path))
+
+
+@functools.lru_cache(maxsize=1)
+def python_stdlib_bytes() -> np.ndarray:
+    """The running Python's standard-library ``.py`` files, concatenated.
+
+    Files are taken in sorted relative-path order, skipping ``site-packages``,
+    test directories and caches, so that the text is the same on every run of
+    one Python. The result is cached in memory (about 12 MB for CPython 3.11).
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+    blob = b"".join(p.read_bytes() for p in files)
+    out = np.frombuffer(blob, dtype=np.uint8)
+    out.flags.writeable = False
+    return out
+
+
+@source("python-stdlib")
+def _python_stdlib(data: Any) -> TokenStream:
+    return TokenStream(python_stdlib_bytes(), _seq(data), _split(data), "python-stdlib")
+
+
+def _sample_arrays(raw: Mapping[str, np.ndarray], where: str, name: str) -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in raw.items():
+        if value.dtype.kind == "f":
+            out[key] = value.astype(np.float32, copy=False)
+        elif value.dtype.kind in "iub":
+            out[key] = value.astype(np.int32, copy=False)
+        else:
+            raise SexpgpuError(
+                "E-DATA-003",
+                f"data set `{name}`: field {key} of {where} has dtype {value.dtype}",
+                where,
+                hint="store numeric arrays (floats or integers)",
+            )
+    lengths = {key: len(value) for key, value in out.items()}
+    if len(set(lengths.values())) > 1:
+        raise SexpgpuError(
+            "E-DATA-004",
+            f"data set `{name}`: the fields of {where} have different lengths {lengths}",
+            where,
+            hint="every field's first axis is the sample: give them one length",
+        )
+    return out
+
+
+def _field_name(item: Any) -> str:
+    return str(getattr(item, "name", item))
+
+
+@source("arrays")
+def _arrays(data: Any) -> ArraySet:
+    path = _existing_file(data)
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise SexpgpuError(
+            "E-DATA-001",
+            f"data set `{data.name}`: {path} is not a readable .npz file ({err})",
+            str(path),
+            hint="write it with numpy.savez",
+        ) from None
+    with npz:
+        wanted = [_field_name(f) for f in data.options.get("fields", ())] or list(npz.files)
+        missing = [f for f in wanted if f not in npz.files]
+        if missing:
+            raise SexpgpuError(
+                "E-DATA-004",
+                f"data set `{data.name}`: {path} has no field {', '.join(missing)}",
+                str(path),
+                hint=f"its fields are {', '.join(npz.files) or 'none'}; fix :fields",
+            )
+        raw = {f: npz[f] for f in wanted}
+    return ArraySet(_sample_arrays(raw, str(path), data.name), _split(data), str(path))
+
+
+@source("digits")
+def _digits(data: Any) -> ArraySet:
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+
+    bunch = load_digits()
+    fields = {
+        "x": (bunch.data / 16.0).astype(np.float32),  # pixels 0..16 -> [0, 1]
+        "y": bunch.target.astype(np.int32),
+    }
+    return ArraySet(fields, _split(data), "digits")
+
+
+class Loader(Protocol):
+    """What the run loop needs of a loader."""
+
+    fields: Mapping[str, tuple[tuple[int, ...], str]]
+    items_per_microbatch: int
+    position: int
+
+    def next_step(self) -> list[dict[str, np.ndarray]]: ...
+    def eval_batches(self, count: int) -> list[dict[str, np.ndarray]]: ...
+    def state(self) -> dict[str, int]: ...
+    def restore(self, state: Mapping[str, int]) -> None: ...
+
+
+class _Base:
+    """Position bookkeeping shared by both loaders."""
+
+    def __init__(self, batch: int, microbatches: int, seed: int, rank: int, ranks: int) -> None:
+        if microbatches % ranks:
+            raise SexpgpuError(
+                "E-DP-003",
+                f"{microbatches} microbatches do not divide over {ranks} devices",
+                "SEXPGPU_DEVICES",
+                hint="choose :microbatches a multiple of the device count, or fewer devices",
+            )
+        self.batch, self.microbatches, self.seed = batch, microbatches, seed
+        self.rank, self.ranks = rank, ranks
+        self.position = 0  # optimizer steps consumed
+
+    def _global_indices(self) -> range:
+        share = self.microbatches // self.ranks
+        first = self.position * self.microbatches + self.rank * share
+        return range(first, first + share)
+
+    def next_step(self) -> list[dict[str, np.ndarray]]:
+        """This rank's microbatches of the next optimizer step."""
+        out = [self._train(g) for g in self._global_indices()]
+        self.position += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        """The position, JSON-able, with what it depends on."""
+        return {"position": self.position, "rank": self.rank, "ranks": self.ranks}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        """Continue from `state` (see `state`); the rank layout must be the same."""
+        if (state["rank"], state["ranks"]) != (self.rank, self.ranks):
+            raise SexpgpuError(
+                "E-DP-002",
+                f"the checkpoint's loader is rank {state['rank']} of {state['ranks']}, "
+                f"this run's is rank {self.rank} of {self.ranks}",
+                "SEXPGPU_DEVICES",
+                hint=f"resume on {state['ranks']} device(s), as the checkpoint was written",
+            )
+        self.position = int(state["position"])
+
+    def _train(self, g: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+
+class StreamLoader(_Base):
+    """Windows of a token stream: fields ``tokens`` and ``next``, ``[batch, seq]`` int32."""
+
+    def __init__(self, data: TokenStream, name: str, **layout: int) -> None:
+        super().__init__(**layout)
+        self.seq = data.seq
+        cut = int(len(data.tokens) * data.split)
+        self._train_part, self._eval_part = data.tokens[:cut], data.tokens[cut:]
+        for part, label in ((self._train_part, "training"), (self._eval_part, "eval")):
+            if len(part) < self.seq + 1:
+                raise SexpgpuError(
+                    "E-DATA-002",
+                    f"data set `{name}`: the {label} part of {data.where} has {len(part)} "
+                    f"tokens, fewer than :seq + 1 = {self.seq + 1}",
+                    data.where,
+                    hint="use more data, a shorter :seq, or another :split",
+                )
+        shape = (self.batch, self.seq)
+        self.fields = {"tokens": (shape, "int32"), "next": (shape, "int32")}
+        self.items_per_microbatch = self.batch * self.seq
+
+    def _windows(self, part: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+        rows = np.asarray(part[starts[:, None] + np.arange(self.seq + 1)], dtype=np.int32)
+        return {"tokens": rows[:, :-1], "next": rows[:, 1:]}  # (B, S) each
+
+    def _train(self, g: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, g])
+        starts = rng.integers(0, len(self._train_part) - self.seq, size=self.batch)
+        return self._windows(self._train_part, starts)
+
+    def eval_batches(self, count: int) -> list[dict[str, np.ndarray]]:
+        """`count` batches of consecutive eval windows, the same ones every call."""
+        windows = (len(self._eval_part) - 1) // self.seq
+        out = []
+        for k in range(count):
+            index = (k * self.batch + np.arange(self.batch)) % windows
+            out.append(self._windows(self._eval_part, index * self.seq))
+        return out
+
+
+class ArrayLoader(_Base):
+    """Rows of named sample arrays, reshuffled every epoch."""
+
+    def __init__(self, data: ArraySet, name: str, **layout: int) -> None:
+        super().__init__(**layout)
+        count = len(next(iter(data.fields.values())))
+        order = np.random.default_rng([self.seed, 0]).permutation(count)
+        cut = round(count * data.split)
+        self._train_rows, self._eval_rows = order[:cut], np.sort(order[cut:])
+        if min(len(self._train_rows), len(self._eval_rows)) < 1:
+            raise SexpgpuError(
+                "E-DATA-002",
+                f"data set `{name}`: {count} samples in {data.where} leave nothing to "
+                f"train or to evaluate at :split {data.split}",
+                data.where,
+                hint="use more samples or another :split",
+            )
+        self._arrays = data.fields
+        self._epochs: dict[int, np.ndarray] = {}
+        self.fields = {
+            k: ((self.batch, *v.shape[1:]), str(v.dtype)) for k, v in data.fields.items()
+        }
+        self.items_per_microbatch = self.batch
+
+    def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v[rows]) for k, v in self._arrays.items()}
+
+    def _epoch(self, epoch: int) -> np.ndarray:
+        if epoch not in self._epochs:
+            if len(self._epochs) > 1:  # a microbatch spans two epochs at most
+                self._epochs.pop(min(self._epochs))
+            rng = np.random.default_rng([self.seed, 1, epoch])
+            self._epochs[epoch] = rng.permutation(self._train_rows)
+        return self._epochs[epoch]
+
+    def _train(self, g: int) -> dict[str, np.ndarray]:
+        places = g * self.batch + np.arange(self.batch)
+        n = len(self._train_rows)
+        rows = np.array([self._epoch(int(p // n))[p % n] for p in places])
+        return self._rows(rows)
+
+    def eval_batches(self, count: int) -> list[dict[str, np.ndarray]]:
+        """`count` batches of the eval samples in order, wrapping around."""
+        n = len(self._eval_rows)
+        return [
+            self._rows(self._eval_rows[(k * self.batch + np.arange(self.batch)) % n])
+            for k in range(count)
+        ]
+
+
+def make_loader(
+    data: Any,
+    *,
+    batch: int,
+    microbatches: int = 1,
+    seed: int = 0,
+    rank: int = 0,
+    ranks: int = 1,
+) -> StreamLoader | ArrayLoader:
+    """The loader of `data` (a `DataDef`) for one rank of a run.
+
+    Parameters
+    ----------
+    data
+        The `DataDef`: ``name``, ``kind`` (a key of `SOURCES`), ``path``,
+        ``options`` (``seq``, ``split``, ``dtype``, ``fields``) and ``span``.
+    batch
+        Rows per microbatch.
+    microbatches
+        Microbatches per optimizer step over all ranks; must divide by `ranks`.
+    seed
+        The run's seed: split, windows and shuffles follow from it.
+    rank, ranks
+        Which share of every step this loader yields.
+    """
+    kind = data.kind
+    if kind not in SOURCES:
+        raise SexpgpuError(
+            "E-DATA-005",
+            f"unknown data source `{kind}`",
+            _where(data),
+            hint=f"use one of {', '.join(sorted(SOURCES))}",
+        )
+    layout = {"batch": batch, "microbatches": microbatches, "seed": seed}
+    layout |= {"rank": rank, "ranks": ranks}
+    dataset = SOURCES[kind](data)
+    if isinstance(dataset, TokenStream):
+        return StreamLoader(dataset, data.name, **layout)
+    return ArrayLoader(dataset, data.name, **layout)

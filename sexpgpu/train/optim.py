@@ -1,0 +1,214 @@
+"""Optimizers on NumPy dicts: `sgd` and `adamw`, and clipping by global norm.
+
+Both follow PyTorch's update rules (``torch.optim.SGD`` with dampening 0 and
+``torch.optim.AdamW``), so a run and the same model written in PyTorch trace
+the same losses. Parameters are updated in place, in float32. Weight decay is
+decoupled (AdamW) and skips every parameter whose ``decay`` is False (the
+vectors: biases and norm gains). Option names are those of the language with
+``-`` read as ``_`` (``:weight-decay`` is ``weight_decay``).
+
+An optimizer's state is split the way checkpoints store it: `tensors` (the
+moments, keyed ``"<moment>/<param>"``, for safetensors) and `scalars` (the
+step count, for JSON).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sexpgpu.errors import SexpgpuError
+
+__all__ = [
+    "OPTIMIZERS",
+    "AdamW",
+    "Optimizer",
+    "Sgd",
+    "clip_by_global_norm",
+    "global_norm",
+    "make_optimizer",
+    "optimizer",
+]
+
+Arrays = dict[str, np.ndarray]
+
+# name as users type it -> Optimizer subclass
+OPTIMIZERS: dict[str, type[Optimizer]] = {}
+
+
+def optimizer(name: str) -> Callable[[type[Optimizer]], type[Optimizer]]:
+    """Register an optimizer class under the name users write in `:optimizer`."""
+
+    def register(cls: type[Optimizer]) -> type[Optimizer]:
+        cls.name = name
+        OPTIMIZERS[name] = cls
+        return cls
+
+    return register
+
+
+class Optimizer:
+    """Base: option checking and state (de)serialization.
+
+    Parameters
+    ----------
+    shapes
+        Parameter name -> shape.
+    decay
+        Parameter name -> whether weight decay applies to it.
+    options
+        The options as written (``lr``, ``weight-decay``, ...).
+    where
+        The span or name reported in errors.
+    """
+
+    name = ""
+    defaults: ClassVar[Mapping[str, Any]] = {}
+    moments: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        decay: Mapping[str, bool],
+        options: Mapping[str, Any],
+        where: Any = None,
+    ) -> None:
+        options = {k.replace("-", "_"): v for k, v in options.items()}
+        unknown = sorted(set(options) - set(self.defaults))
+        if unknown:
+            raise SexpgpuError(
+                "E-TRAIN-001",
+                f"{self.name}: unknown option :{unknown[0].replace('_', '-')}",
+                where,
+                hint=f"{self.name} takes "
+                + ", ".join(":" + k.replace("_", "-") for k in self.defaults),
+            )
+        self.options = {**self.defaults, **options}
+        self.decay = dict(decay)
+        self.steps = 0
+        self.state: dict[str, Arrays] = {
+            m: {k: np.zeros(s, np.float32) for k, s in shapes.items()} for m in self.moments
+        }
+
+    @property
+    def lr(self) -> float:
+        """The peak learning rate (the schedule scales it)."""
+        return float(self.options["lr"])
+
+    def step(self, params: Arrays, grads: Mapping[str, np.ndarray], lr: float) -> None:
+        """Update `params` in place with `grads` at learning rate `lr`."""
+        raise NotImplementedError
+
+    def tensors(self) -> Arrays:
+        """The moment arrays, keyed ``"<moment>/<param>"``."""
+        return {f"{m}/{k}": v for m, vs in self.state.items() for k, v in vs.items()}
+
+    def scalars(self) -> dict[str, Any]:
+        """The JSON-able state: name, step count and options."""
+        return {"name": self.name, "steps": self.steps, "options": _jsonable(self.options)}
+
+    def load(self, tensors: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
+        """Restore what `tensors` and `scalars` returned."""
+        assert scalars["name"] == self.name, (scalars["name"], self.name)
+        self.steps = int(scalars["steps"])
+        for m, vs in self.state.items():
+            for k in vs:
+                vs[k] = np.array(tensors[f"{m}/{k}"], dtype=np.float32)
+
+
+def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
+
+
+@optimizer("sgd")
+class Sgd(Optimizer):
+    """Stochastic gradient descent with optional (Nesterov) momentum, as ``torch.optim.SGD``."""
+
+    defaults: ClassVar[Mapping[str, Any]] = {"lr": 0.01, "momentum": 0.0, "nesterov": False}
+    moments: ClassVar[tuple[str, ...]] = ("momentum",)
+
+    def step(self, params: Arrays, grads: Mapping[str, np.ndarray], lr: float) -> None:
+        mu = float(self.options["momentum"])
+        nesterov = bool(self.options["nesterov"])
+        self.steps += 1
+        for k, p in params.items():
+            g = grads[k]
+            if mu:
+                buf = self.state["momentum"][k]
+                buf *= mu
+                buf += g  # first step: buf = g, as torch
+                g = g + mu * buf if nesterov else buf
+            p -= lr * g
+
+
+@optimizer("adamw")
+class AdamW(Optimizer):
+    """Adam with decoupled weight decay and bias correction, as ``torch.optim.AdamW``.
+
+    Per parameter with gradient g at step t (1-based)::
+
+        p <- p * (1 - lr * wd)                  (only where decay is True)
+        m <- b1 m + (1 - b1) g ;  v <- b2 v + (1 - b2) g^2
+        p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+    """
+
+    defaults: ClassVar[Mapping[str, Any]] = {
+        "lr": 1e-3,
+        "betas": (0.9, 0.999),
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+    }
+    moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
+
+    def step(self, params: Arrays, grads: Mapping[str, np.ndarray], lr: float) -> None:
+        b1, b2 = (float(b) for b in self.options["betas"])
+        eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
+        self.steps += 1
+        step_size = lr / (1 - b1**self.steps)
+        root_bc2 = math.sqrt(1 - b2**self.steps)
+        for k, p in params.items():
+            g = grads[k]
+            m, v = self.state["exp_avg"][k], self.state["exp_avg_sq"][k]
+            if wd and self.decay.get(k, True):
+                p *= 1 - lr * wd
+            m += (g - m) * (1 - b1)  # torch's lerp
+            v *= b2
+            v += (1 - b2) * g * g
+            p -= step_size * (m / (np.sqrt(v) / root_bc2 + eps))
+
+
+def make_optimizer(
+    spec: Any, shapes: Mapping[str, tuple[int, ...]], decay: Mapping[str, bool]
+) -> Optimizer:
+    """The optimizer an `OptimizerSpec` (``name``, ``options``, ``span``) names."""
+    if spec.name not in OPTIMIZERS:
+        raise SexpgpuError(
+            "E-TRAIN-001",
+            f"unknown optimizer `{spec.name}`",
+            getattr(spec, "span", None),
+            hint=f"use one of {', '.join(sorted(OPTIMIZERS))}",
+        )
+    cls = OPTIMIZERS[spec.name]
+    return cls(shapes, decay, dict(spec.options), getattr(spec, "span", None))
+
+
+def global_norm(grads: Mapping[str, np.ndarray]) -> float:
+    """The 2-norm of all gradients together, accumulated in float64."""
+    return math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+
+
+def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
+    """Scale `grads` in place so their global norm is at most `max_norm`.
+
+    As ``torch.nn.utils.clip_grad_norm_``: the factor is
+    ``min(1, max_norm / (norm + 1e-6))``. Returns the norm before clipping.
+    """
+    norm = global_norm(grads)
+    scale = max_norm / (norm + 1e-6)
+    if scale < 1.0:
+        for g in grads.values():
+            g *= scale
+    return norm

@@ -1,0 +1,111 @@
+"""From an experiment file to a finished run: the library side of ``sexpgpu run``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.train.loop import RunSummary, StepReport, Trainer
+from sexpgpu.train.settings import RunSettings, experiment_hash
+
+__all__ = ["prepare_run", "run_experiment"]
+
+
+def _devices(device: str | None, environ: Mapping[str, str]) -> list[str]:
+    from sexpgpu.runtime.config import RuntimeConfig
+
+    config = RuntimeConfig.from_env(environ, device=device)
+    if config.device != "cpu":
+        raise SexpgpuError(
+            "E-CLI-001",
+            f"training on `{config.device}` is not available yet; only cpu runs train",
+            "--device",
+            hint="use --device cpu (SEXPGPU_DEVICES=0,1 simulates several ranks)",
+        )
+    if config.nodes != 1:
+        raise SexpgpuError(
+            "E-DP-005",
+            f"SEXPGPU_NODES={config.nodes}: runs of several nodes need cuda",
+            "SEXPGPU_NODES",
+            hint="unset SEXPGPU_NODES for a cpu run",
+        )
+    return [str(d) for d in config.local_devices]
+
+
+def prepare_run(
+    path: str | Path,
+    *,
+    variant: str | None = None,
+    run: str | None = None,
+    steps: int | None = None,
+    out: str | Path | None = None,
+    resume: str | None = None,
+    device: str | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Trainer:
+    """Load, check and compile a run of an experiment file; return its `Trainer`.
+
+    Parameters
+    ----------
+    path
+        The experiment file.
+    variant, run
+        ``--variant`` and ``--run``.
+    steps
+        ``--steps``: overrides ``:steps`` (the schedule's horizon too).
+    out
+        The run directory; default ``runs/RUN-NAME``.
+    resume
+        ``"latest"``, a checkpoint folder, or None.
+    device
+        ``--device``; None reads ``SEXPGPU_DEVICE``.
+    on_step
+        Progress callback (rank 0's thread).
+    environ
+        The environment (default ``os.environ``): device variables.
+    storage_options
+        fsspec options for remote checkpoint locations.
+    """
+    from sexpgpu.devices.program import compile_run
+    from sexpgpu.lang import load_experiment
+
+    devices = _devices(device, os.environ if environ is None else environ)
+    experiment = load_experiment(path, variant)
+    rundef = experiment.run(run)
+    if steps is not None and steps < 1:
+        raise SexpgpuError(
+            "E-CLI-001",
+            f"--steps {steps} is not positive",
+            "--steps",
+            hint="give the number of optimizer steps, e.g. --steps 200",
+        )
+    settings = RunSettings.from_run(rundef, steps)
+    first = compile_run(experiment, rundef)  # errors surface before any thread starts
+    programs = {0: first}
+
+    def make_program(rank: int) -> Any:
+        return programs.pop(rank) if rank in programs else compile_run(experiment, rundef)
+
+    model = experiment.models[rundef.model]
+    return Trainer(
+        make_program,
+        experiment.data[rundef.data],
+        settings,
+        Path(out) if out is not None else Path("runs") / rundef.name,
+        experiment_hash=experiment_hash(experiment, rundef.name),
+        devices=devices,
+        model_inputs=[getattr(s, "name", str(s)) for s in model.inputs],
+        resume=resume,
+        on_step=on_step,
+        storage_options=storage_options,
+    )
+
+
+def run_experiment(path: str | Path, **options: Any) -> RunSummary:
+    """`prepare_run` then train; the keyword arguments are `prepare_run`'s."""
+    return prepare_run(path, **options).run()

@@ -1,0 +1,65 @@
+"""A run's settings as plain values, and the experiment hash checkpoints carry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunSettings", "experiment_hash"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the run loop needs of a `RunDef`, with ``--steps`` applied.
+
+    `optimizer` and `schedule` are the language's specs (``name``,
+    ``options``, ``span``); `diagnostics` its `DiagnosticSpec` tuple.
+    """
+
+    steps: int
+    batch: int
+    microbatches: int
+    seed: int
+    optimizer: Any
+    schedule: Any = None
+    clip: float | None = None
+    eval_every: int = 0
+    eval_batches: int = 0
+    checkpoint_every: int = 0
+    checkpoint_location: str | None = None
+    diagnostics: tuple[Any, ...] = ()
+
+    @classmethod
+    def from_run(cls, run: Any, steps: int | None = None) -> RunSettings:
+        """The settings of `run` (a `RunDef`); `steps` overrides ``:steps``."""
+        return cls(
+            steps=run.steps if steps is None else steps,
+            batch=run.batch,
+            microbatches=run.microbatches,
+            seed=run.seed,
+            optimizer=run.optimizer,
+            schedule=run.schedule,
+            clip=run.clip,
+            eval_every=run.eval.every if run.eval else 0,
+            eval_batches=run.eval.batches if run.eval else 0,
+            checkpoint_every=run.checkpoint.every if run.checkpoint else 0,
+            checkpoint_location=run.checkpoint.location if run.checkpoint else None,
+            diagnostics=tuple(run.diagnostics),
+        )
+
+
+def experiment_hash(experiment: Any, run_name: str) -> str:
+    """sha256 of the experiment's text, its variant and the run's name.
+
+    ``--steps`` is not part of it, so a run can be extended by resuming with a
+    larger ``--steps``; any edit of the file makes another experiment.
+    """
+    source = getattr(experiment, "source", None)
+    text = getattr(source, "text", source)
+    if not isinstance(text, str):
+        text = Path(experiment.path).read_text(encoding="utf-8")
+    blob = json.dumps([text, getattr(experiment, "variant", None), run_name])
+    return hashlib.sha256(blob.encode()).hexdigest()

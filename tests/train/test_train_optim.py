@@ -1,0 +1,146 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from standin_program import Spec
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.train.optim import clip_by_global_norm, global_norm, make_optimizer
+from sexpgpu.train.schedules import make_schedule
+
+SHAPES = {"w": (5, 3), "b": (3,)}
+DECAY = {"w": True, "b": False}
+
+
+def _start(seed=0):
+    rng = np.random.default_rng(seed)
+    params = {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()}
+    grads = [
+        {k: rng.standard_normal(s).astype(np.float32) for k, s in SHAPES.items()} for _ in range(6)
+    ]
+    return params, grads
+
+
+def _torch_run(params, grads, make, lrs):
+    tp = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
+    opt = make(tp)
+    for g, lr in zip(grads, lrs, strict=True):
+        for group in opt.param_groups:
+            group["lr"] = lr
+        for k, p in tp.items():
+            p.grad = torch.tensor(g[k])
+        opt.step()
+    return {k: p.detach().numpy() for k, p in tp.items()}
+
+
+def _ours(spec, params, grads, lrs):
+    params = {k: v.copy() for k, v in params.items()}
+    opt = make_optimizer(spec, SHAPES, DECAY)
+    for g, lr in zip(grads, lrs, strict=True):
+        opt.step(params, {k: v.copy() for k, v in g.items()}, lr)
+    return params, opt
+
+
+def test_adamw_matches_torch_with_decay_skipping_vectors():
+    params, grads = _start()
+    lrs = [1e-2, 2e-2, 3e-2, 3e-2, 1e-2, 5e-3]
+    spec = Spec("adamw", {"lr": 3e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight-decay": 0.1})
+    ours, _ = _ours(spec, params, grads, lrs)
+
+    def make(tp):
+        groups = [
+            {"params": [tp["w"]], "weight_decay": 0.1},
+            {"params": [tp["b"]], "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=3e-2, betas=(0.9, 0.95), eps=1e-8)
+
+    ref = _torch_run(params, grads, make, lrs)
+    for k in SHAPES:
+        np.testing.assert_allclose(ours[k], ref[k], rtol=1e-6, atol=1e-6)
+    # the vector moved only by Adam, the matrix also decayed: both differ from the start
+    assert not np.allclose(ours["b"], params["b"])
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_momentum_matches_torch(nesterov):
+    params, grads = _start(1)
+    lrs = [0.1] * 6
+    spec = Spec("sgd", {"lr": 0.1, "momentum": 0.9, "nesterov": nesterov})
+    ours, opt = _ours(spec, params, grads, lrs)
+    ref = _torch_run(
+        params,
+        grads,
+        lambda tp: torch.optim.SGD(list(tp.values()), lr=0.1, momentum=0.9, nesterov=nesterov),
+        lrs,
+    )
+    for k in SHAPES:
+        np.testing.assert_allclose(ours[k], ref[k], rtol=1e-6, atol=1e-6)
+    assert opt.scalars()["steps"] == 6
+
+
+def test_optimizer_state_round_trips():
+    params, grads = _start(2)
+    spec = Spec("adamw", {"lr": 1e-2})
+    a, opt = _ours(spec, params, grads[:3], [1e-2] * 3)
+    b = make_optimizer(spec, SHAPES, DECAY)
+    b.load(opt.tensors(), opt.scalars())
+    pa, pb = {k: v.copy() for k, v in a.items()}, {k: v.copy() for k, v in a.items()}
+    opt.step(pa, grads[3], 1e-2)
+    b.step(pb, grads[3], 1e-2)
+    for k in SHAPES:
+        assert np.array_equal(pa[k], pb[k])
+
+
+def test_clip_matches_torch_and_reports_the_norm_before():
+    _, grads = _start(3)
+    g = grads[0]
+    norm_before = global_norm(g)
+    tg = [torch.tensor(v) for v in g.values()]
+    ps = [torch.nn.Parameter(torch.zeros_like(t)) for t in tg]
+    for p, t in zip(ps, tg, strict=True):
+        p.grad = t.clone()
+    ref_norm = torch.nn.utils.clip_grad_norm_(ps, 0.5)
+    clipped = {k: v.copy() for k, v in g.items()}
+    assert clip_by_global_norm(clipped, 0.5) == pytest.approx(float(ref_norm), rel=1e-6)
+    assert norm_before == pytest.approx(float(ref_norm), rel=1e-6)
+    for p, v in zip(ps, clipped.values(), strict=True):
+        np.testing.assert_allclose(v, p.grad.numpy(), rtol=1e-6)
+    assert global_norm(clipped) == pytest.approx(0.5, rel=1e-5)
+    small = {k: v * 1e-3 for k, v in g.items()}
+    before = {k: v.copy() for k, v in small.items()}
+    clip_by_global_norm(small, 0.5)
+    assert all(np.array_equal(small[k], before[k]) for k in small)
+
+
+def test_schedules_follow_the_documented_formulas():
+    cos = make_schedule(Spec("cosine", {"warmup": 4, "floor": 0.1}), 1.0, 14)
+    assert [cos(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert cos(4) == pytest.approx(1.0)
+    assert cos(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert cos(14) == pytest.approx(0.1)
+    lin = make_schedule(Spec("linear", {"floor": 0.0}), 2.0, 10)
+    assert [lin(s) for s in (0, 5, 10)] == pytest.approx([2.0, 1.0, 0.0])
+    const = make_schedule(Spec("constant"), 3e-4, 10)
+    assert {const(s) for s in range(10)} == {3e-4}
+    assert make_schedule(None, 0.5, 10)(7) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("kind", "spec", "fragment"),
+    [
+        ("optimizer", Spec("adam", {}), "unknown optimizer `adam`"),
+        ("optimizer", Spec("sgd", {"lr": 0.1, "beta": 0.9}), "sgd: unknown option :beta"),
+        ("schedule", Spec("cosin", {}), "unknown schedule `cosin`"),
+        ("schedule", Spec("constant", {"warmup": 3}), "unknown option :warmup"),
+        ("schedule", Spec("cosine", {"floor": 2.0}), ":floor 2.0 in [0, 1]"),
+    ],
+)
+def test_bad_specs_are_train_errors(kind, spec, fragment):
+    with pytest.raises(SexpgpuError) as info:
+        if kind == "optimizer":
+            make_optimizer(spec, SHAPES, DECAY)
+        else:
+            make_schedule(spec, 1.0, 10)
+    assert info.value.code == "E-TRAIN-001"
+    assert fragment in info.value.message

@@ -1,0 +1,289 @@
+"""NumPy implementations: the executable meaning of every op.
+
+One plain function per op, registered in `IMPL_RULES`. Each takes the node
+(for its attributes), the operand arrays, and ``out``: a dying operand's
+buffer of the result's shape and dtype that the op may write into (the CPU
+interpreter passes it; anything else passes None). Arithmetic on ``bf16``
+values is float32; `evaluate` rounds what is stored.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
+from sexpgpu.ir.node import ConstArray, Node
+from sexpgpu.ir.ops import VIEW, Op
+from sexpgpu.ir.rules import IMPL_RULES, impl_rule
+
+__all__ = ["IMPL_EXEMPT", "evaluate"]
+
+Out = np.ndarray | None
+
+# Leaves whose values are fed by the caller, not computed.
+IMPL_EXEMPT = frozenset({Op.INPUT, Op.PARAM})
+
+# Ops whose bf16 result is already a bf16 value (it only moves or picks values).
+_EXACT = VIEW | {
+    Op.CONSTANT,
+    Op.PAD,
+    Op.CONCAT,
+    Op.TAKE,
+    Op.MAX,
+    Op.MAXIMUM,
+    Op.MINIMUM,
+    Op.NEG,
+    Op.ABS,
+    Op.SIGN,
+    Op.WHERE,
+}
+
+# Rows of logits handled at once by the fused cross-entropy (bounds its temporaries).
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def evaluate(node: Node, *args: np.ndarray, out: Out = None) -> np.ndarray:
+    """Run `node`'s op on `args`; round the result to bf16 where the node stores bf16."""
+    result = IMPL_RULES[node.op](node, *args, out=out)
+    if node.dtype is DType.BF16 and node.op not in _EXACT:
+        if not result.flags.writeable:
+            result = result.copy()
+        round_bf16(result)
+    assert result.shape == node.shape, (node, result.shape)
+    return result
+
+
+# ---------------------------------------------------------------- leaves
+
+
+@impl_rule(Op.CONSTANT)
+def _constant(node: Node, out: Out = None) -> np.ndarray:
+    value = node.attrs["value"]
+    if isinstance(value, ConstArray):
+        return value.array
+    scalar = np.array(value, dtype=numpy_dtype(node.dtype))
+    if node.dtype is DType.BF16:
+        round_bf16(scalar)
+    return np.broadcast_to(scalar, node.shape)
+
+
+@impl_rule(Op.IOTA)
+def _iota(node: Node, out: Out = None) -> np.ndarray:
+    axis, shape = node.attrs["axis"], node.shape
+    line = np.arange(shape[axis], dtype=numpy_dtype(node.dtype))
+    return np.broadcast_to(line.reshape([-1 if i == axis else 1 for i in range(len(shape))]), shape)
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def _ufunc(fn: np.ufunc):
+    def run(node: Node, *args: np.ndarray, out: Out = None) -> np.ndarray:
+        return fn(*args, out=out)
+
+    run.__name__ = fn.__name__
+    return run
+
+
+for _op, _fn in [
+    (Op.NEG, np.negative),
+    (Op.EXP, np.exp),
+    (Op.LOG, np.log),
+    (Op.SQRT, np.sqrt),
+    (Op.TANH, np.tanh),
+    (Op.ABS, np.absolute),
+    (Op.SIGN, np.sign),
+    (Op.ADD, np.add),
+    (Op.SUB, np.subtract),
+    (Op.MUL, np.multiply),
+    (Op.DIV, np.divide),
+    (Op.POW, np.power),
+    (Op.MAXIMUM, np.maximum),
+    (Op.MINIMUM, np.minimum),
+    (Op.LT, np.less),
+    (Op.LE, np.less_equal),
+    (Op.EQ, np.equal),
+]:
+    impl_rule(_op)(_ufunc(_fn))
+
+
+@impl_rule(Op.RSQRT)
+def _rsqrt(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    y = np.sqrt(x, out=out)
+    return np.divide(1, y, out=y)
+
+
+@impl_rule(Op.SIGMOID)
+def _sigmoid(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    # 1 / (1 + exp(-x)): exp overflows to inf for very negative x, giving 0.
+    y = np.negative(x, out=out)
+    np.exp(y, out=y)
+    y += 1
+    return np.reciprocal(y, out=y)
+
+
+@impl_rule(Op.CAST)
+def _cast(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    return x.astype(numpy_dtype(node.dtype))  # always a copy: never aliases x
+
+
+@impl_rule(Op.WHERE)
+def _where(node: Node, cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: Out = None):
+    return np.where(cond, a, b)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+@impl_rule(Op.SUM)
+def _sum(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    axes, keep = node.attrs["axes"], node.attrs["keepdims"]
+    return np.asarray(np.sum(x, axis=axes, keepdims=keep, dtype=x.dtype))
+
+
+@impl_rule(Op.MAX)
+def _max(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    axes, keep = node.attrs["axes"], node.attrs["keepdims"]
+    return np.asarray(np.max(x, axis=axes, keepdims=keep))
+
+
+# ---------------------------------------------------------------- movement
+
+
+@impl_rule(Op.RESHAPE)
+def _reshape(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    return x.reshape(node.shape)
+
+
+@impl_rule(Op.TRANSPOSE)
+def _transpose(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    return x.transpose(node.attrs["axes"])
+
+
+@impl_rule(Op.BROADCAST_TO)
+def _broadcast_to(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    return np.broadcast_to(x, node.shape)
+
+
+def _index(axis: int, start: int, stop: int) -> tuple[slice, ...]:
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
+@impl_rule(Op.SLICE)
+def _slice(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    return x[_index(node.attrs["axis"], node.attrs["start"], node.attrs["stop"])]
+
+
+@impl_rule(Op.PAD)
+def _pad(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    axis, before = node.attrs["axis"], node.attrs["before"]
+    result = np.zeros(node.shape, dtype=x.dtype)
+    result[_index(axis, before, before + x.shape[axis])] = x
+    return result
+
+
+@impl_rule(Op.CONCAT)
+def _concat(node: Node, *xs: np.ndarray, out: Out = None) -> np.ndarray:
+    return np.concatenate(xs, axis=node.attrs["axis"])
+
+
+@impl_rule(Op.TAKE)
+def _take(node: Node, table: np.ndarray, ids: np.ndarray, out: Out = None) -> np.ndarray:
+    return np.take(table, ids, axis=0)
+
+
+@impl_rule(Op.SCATTER_ADD)
+def _scatter_add(node: Node, ids: np.ndarray, updates: np.ndarray, out: Out = None):
+    # Sort the rows by id and add each run of equal ids with one reduceat:
+    # much faster than np.add.at for embedding gradients.
+    flat_ids = ids.reshape(-1)
+    rows = updates.reshape(flat_ids.size, -1)
+    result = np.zeros((node.shape[0], rows.shape[1]), dtype=updates.dtype)
+    if flat_ids.size:
+        order = np.argsort(flat_ids, kind="stable")
+        sorted_ids = flat_ids[order]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        result[sorted_ids[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    return result.reshape(node.shape)
+
+
+# ---------------------------------------------------------------- products
+
+
+@impl_rule(Op.MATMUL)
+def _matmul(node: Node, a: np.ndarray, b: np.ndarray, out: Out = None) -> np.ndarray:
+    if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
+        # One large GEMM instead of a loop of small ones.
+        return (a.reshape(-1, a.shape[-1]) @ b).reshape(node.shape)
+    return np.matmul(a, b)
+
+
+# ---------------------------------------------------------------- fused
+
+
+@impl_rule(Op.SOFTMAX)
+def _softmax(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    axis = node.attrs["axis"]
+    y = np.subtract(x, x.max(axis=axis, keepdims=True), out=out)
+    np.exp(y, out=y)
+    y /= y.sum(axis=axis, keepdims=True)
+    return y
+
+
+@impl_rule(Op.LOG_SOFTMAX)
+def _log_softmax(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    axis = node.attrs["axis"]
+    y = np.subtract(x, x.max(axis=axis, keepdims=True), out=out)
+    y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
+    return y
+
+
+@impl_rule(Op.SOFTMAX_GRAD)
+def _softmax_grad(node: Node, y: np.ndarray, g: np.ndarray, out: Out = None) -> np.ndarray:
+    # y * (g - sum(g * y)); `out` may be g's buffer (never y's).
+    axis = node.attrs["axis"]
+    dot = np.sum(np.multiply(g, y), axis=axis, keepdims=True)
+    result = np.subtract(g, dot, out=out)
+    result *= y
+    return result
+
+
+def _row_chunks(logits: np.ndarray):
+    """(2-D view of the logits, row step) with about _CHUNK_ELEMENTS per step."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    return flat, max(1, _CHUNK_ELEMENTS // max(1, flat.shape[1]))
+
+
+@impl_rule(Op.CROSS_ENTROPY)
+def _cross_entropy(node: Node, logits: np.ndarray, targets: np.ndarray, out: Out = None):
+    flat, step = _row_chunks(logits)
+    ids = targets.reshape(-1)
+    loss = np.empty(flat.shape[0], dtype=logits.dtype)
+    for lo in range(0, flat.shape[0], step):
+        rows = flat[lo : lo + step]
+        top = rows.max(axis=1, keepdims=True)
+        total = np.exp(rows - top).sum(axis=1)
+        picked = rows[np.arange(rows.shape[0]), ids[lo : lo + step]]
+        loss[lo : lo + step] = np.log(total) + top[:, 0] - picked
+    return loss.reshape(node.shape)
+
+
+@impl_rule(Op.CROSS_ENTROPY_GRAD)
+def _cross_entropy_grad(
+    node: Node, logits: np.ndarray, targets: np.ndarray, g: np.ndarray, out: Out = None
+) -> np.ndarray:
+    # g * (softmax(logits) - onehot(targets)); `out` may be the logits' buffer.
+    usable = out is not None and out.flags.c_contiguous
+    result = out if usable else np.empty(logits.shape, dtype=logits.dtype)
+    flat, step = _row_chunks(logits)
+    dst = result.reshape(flat.shape)
+    ids, scale = targets.reshape(-1), g.reshape(-1, 1)
+    for lo in range(0, flat.shape[0], step):
+        hi = min(lo + step, flat.shape[0])
+        rows = dst[lo:hi]
+        np.subtract(flat[lo:hi], flat[lo:hi].max(axis=1, keepdims=True), out=rows)
+        np.exp(rows, out=rows)
+        rows /= rows.sum(axis=1, keepdims=True)
+        rows[np.arange(hi - lo), ids[lo:hi]] -= 1
+        rows *= scale[lo:hi]
+    return result

@@ -48,7 +48,7 @@ def _run(
     check_device(fn, device)
     res = check_resources(fn, resources)
     stack: Stack = normalize_stack(trains, fn, names)
-    sketch = sketch_dtype(dtype, stack.dtype)
+    sketch = sketch_dtype(dtype, stack.dtype, fn)
     work = work_dtype(sketch, stack.dtype)
     if stack.n_sites < MIN_SWEEP_SITES:
         logger.warning(

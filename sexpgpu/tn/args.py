@@ -80,7 +80,10 @@ def check_device(fn: str, device: object) -> str:
         ``"gpu"`` with a CUDA device: the GPU sweep is not part of this release.
     """
     if not isinstance(device, str) or device not in DEVICES:
-        raise ValueError(f"{fn}: device must be 'cpu' or 'gpu', got {device!r}.")
+        raise ValueError(
+            f"{fn}: device must be 'cpu' or 'gpu', got {device!r}; pass device='cpu' for "
+            "the NumPy sweep."
+        )
     if device == "cpu":
         return device
     try:

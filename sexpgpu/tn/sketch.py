@@ -16,7 +16,7 @@ from numpy.typing import DTypeLike
 __all__ = ["SketchSource", "sketch_dtype", "work_dtype"]
 
 
-def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype) -> np.dtype:
+def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype, fn: str = "src") -> np.dtype:
     """Resolve the sketch dtype.
 
     Parameters
@@ -25,6 +25,8 @@ def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype) -> np.dtype:
         An explicit floating or complex dtype, or ``None`` to follow the inputs.
     inputs : numpy.dtype
         The inputs' promoted dtype.
+    fn : str
+        The public function called, for messages.
 
     Returns
     -------
@@ -45,12 +47,12 @@ def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype) -> np.dtype:
         resolved = np.dtype(dtype)
     except TypeError as err:
         raise TypeError(
-            f"dtype={dtype!r} is not a NumPy dtype; pass e.g. np.float64 or np.complex128, "
+            f"{fn}: dtype={dtype!r} is not a NumPy dtype; pass e.g. np.float64 or np.complex128, "
             "or None to follow the inputs."
         ) from err
     if resolved.kind not in "fc":
         raise ValueError(
-            f"dtype={resolved} is not a floating or complex dtype; pass e.g. np.float32, "
+            f"{fn}: dtype={resolved} is not a floating or complex dtype; pass e.g. np.float32, "
             "np.float64, np.complex64 or np.complex128, or None to follow the inputs."
         )
     return resolved

@@ -104,6 +104,7 @@ def _left_to_right(
         for lo, hi in _ranges(size, plan.env_batch):
             out[lo:hi] = env_step(env[lo:hi], omega[lo:hi], cores)
         env = out
+        del cores, omega  # released before the next site is read
         logger.debug("left-to-right: site %d of %d", j + 1, stack.n_sites - 1)
 
 

@@ -1,0 +1,212 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from standin_program import Bigram, Data, Diagnostic, Mlp, Spec
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.train.data import make_loader
+from sexpgpu.train.loop import Trainer
+from sexpgpu.train.metrics import read_metrics
+from sexpgpu.train.settings import RunSettings
+
+DIGITS = Data("digits", "digits", options={"split": 0.9})
+ADAMW = Spec("adamw", {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight-decay": 0.1})
+
+
+def _settings(**kw):
+    base = dict(steps=10, batch=16, microbatches=2, seed=3, optimizer=ADAMW)
+    base |= dict(schedule=Spec("cosine", {"warmup": 3, "floor": 0.1}), clip=0.5)
+    return RunSettings(**(base | kw))
+
+
+def _trainer(tmp_path, settings, devices=("cpu:0",), name="run", **kw):
+    return Trainer(
+        lambda rank: Mlp(batch=settings.batch),
+        DIGITS,
+        settings,
+        tmp_path / name,
+        experiment_hash="hash-1",
+        devices=devices,
+        model_inputs=("x",),
+        **kw,
+    )
+
+
+def _series(run_dir, name):
+    return {
+        r["step"]: r["value"]
+        for r in read_metrics(Path(run_dir) / "metrics.jsonl")
+        if r["name"] == name
+    }
+
+
+def test_ten_step_losses_equal_pytorch_adamw(tmp_path):
+    """Golden trajectory: the same MLP, init, batches, clip and schedule in PyTorch."""
+    s = _settings()
+    trainer = _trainer(tmp_path, s)
+    trainer.run()
+    ours = _series(trainer.run_dir, "train/loss")
+
+    program = Mlp(batch=s.batch)
+    init = program.init_params(s.seed)
+    w1, b1, w2, b2 = (
+        torch.nn.Parameter(torch.tensor(init[f"mlp/{k}"])) for k in ("w1", "b1", "w2", "b2")
+    )
+    opt = torch.optim.AdamW(
+        [{"params": [w1, w2], "weight_decay": 0.1}, {"params": [b1, b2], "weight_decay": 0.0}],
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    loader = make_loader(DIGITS, batch=s.batch, microbatches=2, seed=s.seed)
+    from sexpgpu.train.schedules import make_schedule
+
+    lr = make_schedule(s.schedule, 1e-2, s.steps)
+    ref = []
+    for step in range(s.steps):
+        opt.zero_grad()
+        total = 0.0
+        for batch in loader.next_step():
+            x, y = torch.tensor(batch["x"]), torch.tensor(batch["y"]).long()
+            loss = torch.nn.functional.cross_entropy(torch.tanh(x @ w1 + b1) @ w2 + b2, y)
+            (loss / 2).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_([w1, b1, w2, b2], 0.5)
+        for group in opt.param_groups:
+            group["lr"] = lr(step)
+        opt.step()
+        ref.append(total / 2)
+    assert sorted(ours) == list(range(1, 11))
+    np.testing.assert_allclose([ours[i] for i in range(1, 11)], ref, rtol=0, atol=1e-5)
+    assert ref[-1] < ref[0] - 0.3  # it learns: the comparison is not of constants
+
+
+def test_resume_continues_bit_for_bit(tmp_path):
+    ck = {"checkpoint_every": 3, "checkpoint_location": "checkpoints"}
+    const = Spec("constant")
+    whole = _trainer(tmp_path, _settings(steps=12, schedule=const, **ck), name="whole").run()
+    _trainer(tmp_path, _settings(steps=6, schedule=const, **ck), name="split").run()
+    resumed = _trainer(
+        tmp_path, _settings(steps=12, schedule=const, **ck), name="split", resume="latest"
+    ).run()
+    assert resumed.resumed_from == 6
+    for k in whole.params:
+        assert np.array_equal(whole.params[k], resumed.params[k])
+    a, b = _series(tmp_path / "whole", "train/loss"), _series(tmp_path / "split", "train/loss")
+    assert a == b and len(a) == 12
+
+
+def test_two_simulated_ranks_train_like_one(tmp_path):
+    s = _settings(microbatches=4, diagnostics=(Diagnostic("grad-norm", 2, "max"),))
+    one = _trainer(tmp_path, s, name="one").run()
+    two = _trainer(tmp_path, s, devices=("cpu:0", "cpu:1"), name="two").run()
+    for k in one.params:
+        np.testing.assert_allclose(one.params[k], two.params[k], rtol=1e-5, atol=1e-6)
+    diag = _series(tmp_path / "two", "diag/grad-norm")
+    assert sorted(diag) == [2, 4, 6, 8, 10]
+    annotations = _series(tmp_path / "two", "annotation")
+    assert annotations[0] == "data: digits (digits), 16 items per microbatch"
+
+
+def test_two_ranks_with_odd_microbatches_is_e_dp_003(tmp_path):
+    with pytest.raises(SexpgpuError) as info:
+        _trainer(tmp_path, _settings(microbatches=3), devices=("cpu:0", "cpu:1")).run()
+    assert info.value.code == "E-DP-003"
+
+
+def test_resume_guards_experiment_and_rank_count(tmp_path):
+    ck = {"checkpoint_every": 2, "checkpoint_location": "ck"}
+    _trainer(tmp_path, _settings(steps=2, **ck)).run()
+    with pytest.raises(SexpgpuError) as info:
+        _trainer(
+            tmp_path, _settings(steps=4, **ck), devices=("cpu:0", "cpu:1"), resume="latest"
+        ).run()
+    assert info.value.code == "E-DP-002"
+    assert "written by 1 device(s)" in info.value.message
+    other = Trainer(
+        lambda r: Mlp(batch=16),
+        DIGITS,
+        _settings(steps=4, **ck),
+        tmp_path / "run",
+        experiment_hash="hash-2",
+        resume="latest",
+    )
+    with pytest.raises(SexpgpuError) as info:
+        other.run()
+    assert info.value.code == "E-CKPT-003"
+    with pytest.raises(SexpgpuError) as info:
+        _trainer(tmp_path, _settings(steps=4), resume="latest").run()
+    assert info.value.code == "E-CKPT-001"
+
+
+def test_metrics_status_and_eval_accuracy(tmp_path):
+    s = _settings(
+        steps=60,
+        eval_every=30,
+        eval_batches=3,
+        microbatches=1,
+        diagnostics=(Diagnostic("activation-rms", 10),),
+    )
+    summary = _trainer(tmp_path, s).run()
+    run_dir = tmp_path / "run"
+    names = {r["name"] for r in read_metrics(run_dir / "metrics.jsonl")}
+    assert names >= {
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "train/step_time_s",
+        "runtime/peak_bytes",
+        "eval/loss",
+        "eval/accuracy",
+        "annotation",
+    }
+    assert sorted(_series(run_dir, "eval/accuracy")) == [30, 60]
+    assert summary.eval_accuracy > 0.7
+    peaks = _series(run_dir, "runtime/peak_bytes")
+    assert len(peaks) == 60 and min(peaks.values()) > 0
+    notes = [
+        r["value"] for r in read_metrics(run_dir / "metrics.jsonl") if r["name"] == "annotation"
+    ]
+    assert any("activation-rms skipped" in n for n in notes)
+    assert any(n.startswith("memory: peak") for n in notes)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["step"] == 60 and status["state"] == "done" and status["tokens_per_s"] > 0
+
+
+def test_a_token_stream_trains_below_uniform(tmp_path):
+    s = RunSettings(
+        steps=60,
+        batch=8,
+        microbatches=1,
+        seed=0,
+        optimizer=Spec("adamw", {"lr": 0.1}),
+        eval_every=60,
+        eval_batches=2,
+    )
+    text = Data("text", "python-stdlib", options={"seq": 32, "split": 0.9})
+    summary = Trainer(
+        lambda r: Bigram(batch=8, seq=32),
+        text,
+        s,
+        tmp_path / "lm",
+        experiment_hash="h",
+        model_inputs=("tokens",),
+    ).run()
+    assert summary.eval_loss < np.log(256) - 1.5
+
+
+def test_a_diverging_loss_is_e_train_002(tmp_path):
+    class Nan(Mlp):
+        def train_step(self, p, batch):
+            _, grads = super().train_step(p, batch)
+            return float("nan"), grads
+
+    s = _settings(steps=3)
+    with pytest.raises(SexpgpuError) as info:
+        Trainer(lambda r: Nan(batch=16), DIGITS, s, tmp_path / "nan", experiment_hash="h").run()
+    assert info.value.code == "E-TRAIN-002"
+    assert json.loads((tmp_path / "nan" / "status.json").read_text())["state"] == "failed"

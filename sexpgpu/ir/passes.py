@@ -1,0 +1,109 @@
+"""Graph passes: dead code elimination, common subexpressions, constant folding.
+
+Nodes are immutable, so each pass rebuilds the nodes it changes (and their
+users) and returns a new `Graph`; spans are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from sexpgpu.ir.node import ConstArray, Graph, Node
+from sexpgpu.ir.numpy_impl import evaluate
+from sexpgpu.ir.ops import Op
+
+__all__ = ["cse", "dce", "fold_constants", "optimize", "rewrite"]
+
+log = logging.getLogger(__name__)
+
+_FOLDABLE_BYTES = 1 << 20  # larger constant results stay computed at run time
+_FED = frozenset({Op.INPUT, Op.PARAM})
+# A broadcast constant costs nothing at run time; folded, it would be stored.
+_UNFOLDED = _FED | {Op.BROADCAST_TO}
+
+
+def rewrite(graph: Graph, visit: Callable[[Node, tuple[Node, ...]], Node]) -> Graph:
+    """Rebuild `graph` bottom-up: ``visit(node, new_inputs)`` gives each node's replacement.
+
+    `visit` sees the node with its operands already rewritten; returning
+    `_with_inputs(node, new_inputs)` keeps the node as it is.
+    """
+    new: dict[int, Node] = {}
+    for node in graph.nodes():
+        new[id(node)] = visit(node, tuple(new[id(x)] for x in node.inputs))
+    outputs = {name: new[id(n)] for name, n in graph.outputs.items()}
+    leaves = [new[id(n)] for n in [*graph.inputs.values(), *graph.params.values()]]
+    return Graph.of(outputs, leaves)
+
+
+def _with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
+    if all(a is b for a, b in zip(inputs, node.inputs, strict=True)):
+        return node
+    return Node(node.op, node.dtype, node.shape, inputs, node.attrs, node.span)
+
+
+def dce(graph: Graph, keep_unused_leaves: bool = True) -> Graph:
+    """Drop every node no output needs (and unused inputs/parameters unless kept)."""
+    leaves = [*graph.inputs.values(), *graph.params.values()] if keep_unused_leaves else []
+    result = Graph.of(graph.outputs, leaves)
+    log.debug("dce: %d -> %d nodes", len(graph.nodes()), len(result.nodes()))
+    return result
+
+
+def cse(graph: Graph) -> Graph:
+    """Merge nodes with the same op, operands, attributes, dtype and shape."""
+    seen: dict[tuple[Any, ...], Node] = {}
+
+    def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
+        key = (node.op, node.dtype, node.shape, tuple(map(id, inputs)), node.attr_key())
+        if node.op in _FED:
+            return node
+        return seen.setdefault(key, _with_inputs(node, inputs))
+
+    return rewrite(graph, visit)
+
+
+def fold_constants(graph: Graph, max_bytes: int = _FOLDABLE_BYTES) -> Graph:
+    """Evaluate nodes whose operands are all constants into CONSTANT nodes.
+
+    Results larger than `max_bytes` (a causal mask for a long sequence, a
+    broadcast scalar) are left to be computed at run time.
+    """
+    values: dict[int, np.ndarray] = {}
+
+    def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
+        node = _with_inputs(node, inputs)
+        if node.op in (Op.CONSTANT, Op.IOTA):
+            values[id(node)] = evaluate(node)
+            return node
+        if node.op in _UNFOLDED or not inputs or any(id(x) not in values for x in inputs):
+            return node
+        with np.errstate(all="ignore"):
+            value = evaluate(node, *(values[id(x)] for x in inputs))
+        if value.nbytes > max_bytes:
+            return node
+        folded = Node(
+            Op.CONSTANT,
+            node.dtype,
+            node.shape,
+            (),
+            {"value": ConstArray(value), "shape": node.shape, "dtype": node.dtype},
+            node.span,
+        )
+        values[id(folded)] = value
+        return folded
+
+    return rewrite(graph, visit)
+
+
+def optimize(graph: Graph, check: Callable[[Graph], None] | None = None) -> Graph:
+    """CSE, constant folding, CSE again, DCE; `check` (e.g. `verify`) runs after each."""
+    for step in (cse, fold_constants, cse, dce):
+        graph = step(graph)
+        if check is not None:
+            check(graph)
+    return graph

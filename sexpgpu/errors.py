@@ -77,6 +77,7 @@ CODES: dict[str, str] = {
     "E-DP-006": "a node differs from node 0 at the rendezvous",
     "E-DP-007": "a node did not arrive within 300 s, or left the run",
     "E-MEM-001": "no memory plan fits the card",
+    "E-DEV-001": "the cuda device refuses a GPU below compute capability 8.0",
     # IR shapes and dtypes
     "E-SHAPE-001": "shapes do not broadcast",
     "E-SHAPE-002": "dtype not accepted by an operation, or operand dtypes differ",

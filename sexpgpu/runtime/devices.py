@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sexpgpu.errors import SexpgpuError
 
 __all__ = [
     "DEVICE_KINDS",
@@ -17,6 +20,7 @@ __all__ = [
     "Device",
     "cuda_capability",
     "parse_device",
+    "require_capability",
     "torch_if_loaded",
     "visible_gpu_count",
 ]
@@ -103,3 +107,36 @@ def cuda_capability(index: int) -> tuple[int, int]:
 
     major, minor = torch.cuda.get_device_capability(index)
     return int(major), int(minor)
+
+
+def require_capability(
+    devices: Sequence[Device],
+    capability: Callable[[int], tuple[int, int]] = cuda_capability,
+) -> None:
+    """Refuse GPUs below `MIN_CAPABILITY` (8.0), as the cuda device does when it opens.
+
+    Parameters
+    ----------
+    devices
+        The devices to open; ``cpu`` ones are skipped.
+    capability
+        Asks a GPU's capability (`cuda_capability`; tests pass their own).
+
+    Raises
+    ------
+    SexpgpuError
+        E-DEV-001 naming the first GPU below the floor.
+    """
+    for device in devices:
+        if not device.is_cuda:
+            continue
+        major, minor = capability(device.index)
+        if (major, minor) < MIN_CAPABILITY:
+            raise SexpgpuError(
+                "E-DEV-001",
+                f"GPU {device.index} has compute capability {major}.{minor}; the cuda device "
+                "needs 8.0 or newer (bf16 tensor cores)",
+                str(device),
+                hint="use an Ampere GPU or newer (A100, H100, RTX 30xx...), leave this one out "
+                "of SEXPGPU_DEVICES, or use --device cpu",
+            )

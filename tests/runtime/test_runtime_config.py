@@ -6,7 +6,7 @@ import pytest
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.config import RuntimeConfig, check_env
-from sexpgpu.runtime.devices import Device
+from sexpgpu.runtime.devices import Device, parse_device, require_capability
 from sexpgpu.runtime.units import GiB, MiB
 
 
@@ -317,3 +317,26 @@ def test_check_env_lists_every_problem_once():
 def test_device_list_is_checked_even_with_a_bad_device():
     problems = check_env({"SEXPGPU_DEVICES": "a"}, device="gpu")
     assert [p.code for p in problems] == ["E-CLI-001", "E-DP-001"]
+
+
+def test_e_dev_001_refuses_an_old_gpu():
+    capabilities = {0: (9, 0), 1: (7, 5)}
+    require_capability([Device("cuda", 0), Device("cpu", 1)], capabilities.__getitem__)
+    with pytest.raises(SexpgpuError) as info:
+        require_capability([Device("cuda", 0), Device("cuda", 1)], capabilities.__getitem__)
+    assert info.value.render() == (
+        "error[E-DEV-001]: GPU 1 has compute capability 7.5; the cuda device needs 8.0 or "
+        "newer (bf16 tensor cores)\n"
+        " --> cuda:1\n"
+        "  = hint: use an Ampere GPU or newer (A100, H100, RTX 30xx...), leave this one out "
+        "of SEXPGPU_DEVICES, or use --device cpu"
+    )
+
+
+def test_device_names():
+    assert parse_device("cuda:1") == Device("cuda", 1)
+    assert parse_device("cpu") == Device("cpu", 0)
+    assert str(parse_device(Device("cpu", 4))) == "cpu:4"
+    for bad in ["gpu:0", "cuda:x", "cuda:-1", ""]:
+        with pytest.raises(ValueError, match="is not a device"):
+            parse_device(bad)

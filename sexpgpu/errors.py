@@ -89,6 +89,14 @@ CODES: dict[str, str] = {
     "E-SHAPE-008": "concat: shapes differ off the concatenation axis",
     "E-SHAPE-009": "take or scatter: indices not int32, or shapes disagree",
     "E-SHAPE-010": "cross-entropy: logits and targets disagree",
+    # tracing model bodies
+    "E-TRACE-001": "unknown function in a model or loss",
+    "E-TRACE-002": "unknown name in a model or loss, or a function used as a value",
+    "E-TRACE-003": "wrong number of arguments, or an unknown, repeated or valueless keyword",
+    "E-TRACE-004": "argument of the wrong kind (a number, tensor, vector or boolean expected)",
+    "E-TRACE-005": "malformed let, ->, repeat or param form",
+    "E-TRACE-006": "the loss is not a float scalar",
+    "E-TRACE-007": "calls nest without end (a defn calls itself)",
     # command line
     "E-CLI-001": "bad command-line argument or environment variable",
     # training data

@@ -1,0 +1,334 @@
+"""The model vocabulary: every name a model body may call, keyed by the name users type.
+
+Each entry is a function of one `Call` (its arguments evaluated) returning a
+traced value, registered with `entry` together with its usage line, argument
+counts and keywords with defaults. This module holds the entries without
+parameters (arithmetic, activations, reductions, shape, products);
+`sexpgpu.ir.vocabulary_layers` adds the layers and losses. Everything is
+composed from the IR builder's ops; nothing here runs NumPy.
+
+Arithmetic on two Python numbers is folded at trace time (``(* 4 width)``
+is 512), so parameter arithmetic also works inside model bodies.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Any
+
+from sexpgpu.ir import builder as b
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.node import Node
+from sexpgpu.ir.trace_call import Call, Value, describe_value, is_number
+
+__all__ = ["VOCABULARY", "Entry", "entry", "gelu_tanh", "mean_over", "scale"]
+
+Fn = Callable[[Call], Value]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A vocabulary function.
+
+    Attributes
+    ----------
+    name
+        The name users call.
+    fn
+        ``fn(call) -> value``.
+    usage
+        How to call it, shown in hints: ``(linear x n :bias true)``.
+    min_args, max_args
+        Positional argument counts (max None: any number).
+    keywords
+        Keyword name -> default (None: absent unless written).
+    layer
+        Whether calls own parameters (and so take a segment of the path name).
+    quoted
+        Keywords whose bare symbols are taken as names (``:dtype bf16``)
+        unless they are bound.
+    """
+
+    name: str
+    fn: Fn
+    usage: str
+    min_args: int
+    max_args: int | None
+    keywords: Mapping[str, Any] = field(default_factory=dict)
+    layer: bool = False
+    quoted: frozenset[str] = frozenset()
+
+
+VOCABULARY: dict[str, Entry] = {}
+
+
+def entry(
+    name: str,
+    usage: str,
+    args: tuple[int, int | None] = (1, 1),
+    keywords: Mapping[str, Any] | None = None,
+    layer: bool = False,
+    quoted: tuple[str, ...] = (),
+) -> Callable[[Fn], Fn]:
+    """Register the decorated function as the vocabulary entry `name`."""
+
+    def decorate(fn: Fn) -> Fn:
+        assert name not in VOCABULARY, name
+        VOCABULARY[name] = Entry(
+            name, fn, usage, args[0], args[1], dict(keywords or {}), layer, frozenset(quoted)
+        )
+        return fn
+
+    return decorate
+
+
+def scale(x: Node, factor: float, span) -> Node:
+    """``x * factor`` with the constant in x's dtype."""
+    return b.mul(x, b.constant(factor, x.dtype, span=span), span=span)
+
+
+def mean_over(x: Node, axes: tuple[int, ...] | None, keep: bool, span) -> Node:
+    """The mean over `axes` (all when None): a sum times one over the count."""
+    total = b.sum(x, axes, keepdims=keep, span=span)
+    count = x.size // max(total.size, 1) if x.size else 1
+    return scale(total, 1.0 / count, span)
+
+
+# ---------------------------------------------------------------- arithmetic
+
+_PY_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+    "pow": operator.pow,
+    "max": max,
+    "min": min,
+}
+_NODE_BINARY: dict[str, Callable[..., Node]] = {
+    "+": b.add,
+    "-": b.sub,
+    "*": b.mul,
+    "/": b.div,
+    "pow": b.pow,
+    "max": b.maximum,
+    "min": b.minimum,
+}
+
+
+def _fold(cx: Call) -> Value:
+    """Apply a binary op left to right over the arguments."""
+    name = cx.name
+    if all(is_number(v) for v in cx.args):
+        try:
+            return reduce(_PY_BINARY[name], cx.args)
+        except (ZeroDivisionError, OverflowError, ValueError) as err:
+            raise cx.fail(f"{name}: {err} for {cx.args}", "check the numbers") from None
+    acc_key: int = 0
+    acc: Value = cx.args[0]
+    for i in range(1, len(cx.args)):
+        pair = Call(name, cx.span, [acc, cx.args[i]], [cx.where(acc_key), cx.where(i)])
+        pair.dtype = cx.dtype
+        if all(is_number(v) for v in pair.args):
+            acc = _PY_BINARY[name](*pair.args)
+        else:
+            left, right = pair.tensors([0, 1])
+            acc = _NODE_BINARY[name](left, right, span=cx.span)
+    return acc
+
+
+def _register_binary(name: str, usage: str, arity: tuple[int, int | None]) -> None:
+    entry(name, usage, arity)(_fold)
+
+
+_register_binary("+", "(+ a b ...)", (1, None))
+_register_binary("*", "(* a b ...)", (1, None))
+_register_binary("/", "(/ a b ...)", (2, None))
+_register_binary("pow", "(pow x y)", (2, 2))
+_register_binary("max", "(max a b)", (2, 2))
+_register_binary("min", "(min a b)", (2, 2))
+
+
+@entry("-", "(- a b ...) or (- x)", (1, None))
+def _minus(cx: Call) -> Value:
+    if len(cx.args) == 1:
+        return _unary(cx, operator.neg, b.neg)
+    return _fold(cx)
+
+
+def _unary(cx: Call, py: Callable[[float], float] | None, node: Callable[..., Node]) -> Value:
+    value = cx.get(0)
+    if is_number(value) and py is not None:
+        try:
+            return py(value)
+        except (ValueError, ZeroDivisionError, OverflowError) as err:
+            raise cx.fail(f"{cx.name} of {value}: {err}", "check the number", 0) from None
+    return node(cx.tensor(0), span=cx.span)
+
+
+def _rsqrt(x: float) -> float:
+    return 1.0 / math.sqrt(x)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+_UNARY: dict[str, tuple[Callable[[float], float], Callable[..., Node]]] = {
+    "neg": (operator.neg, b.neg),
+    "exp": (math.exp, b.exp),
+    "log": (math.log, b.log),
+    "sqrt": (math.sqrt, b.sqrt),
+    "rsqrt": (_rsqrt, b.rsqrt),
+    "abs": (abs, b.abs),
+    "tanh": (math.tanh, b.tanh),
+    "sigmoid": (_sigmoid, b.sigmoid),
+}
+
+
+def _register_unary(name: str) -> None:
+    py, node = _UNARY[name]
+    entry(name, f"({name} x)")(lambda cx: _unary(cx, py, node))
+
+
+for _name in _UNARY:
+    _register_unary(_name)
+
+
+# ---------------------------------------------------------------- activations
+
+
+@entry("relu", "(relu x)")
+def _relu(cx: Call) -> Node:
+    x = cx.tensor(0)
+    return b.maximum(x, b.constant(0.0, x.dtype, span=cx.span), span=cx.span)
+
+
+def gelu_tanh(x: Node, span) -> Node:
+    """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``: gelu's tanh form."""
+    c = math.sqrt(2.0 / math.pi)
+    cube = b.mul(scale(b.mul(x, x, span=span), 0.044715, span), x, span=span)
+    inner = scale(b.add(x, cube, span=span), c, span)
+    one = b.constant(1.0, x.dtype, span=span)
+    return b.mul(scale(x, 0.5, span), b.add(one, b.tanh(inner, span=span), span=span), span=span)
+
+
+@entry("gelu", "(gelu x)")
+def _gelu(cx: Call) -> Node:
+    return gelu_tanh(cx.tensor(0), cx.span)
+
+
+@entry("silu", "(silu x)")
+def _silu(cx: Call) -> Node:
+    x = cx.tensor(0)
+    return b.mul(x, b.sigmoid(x, span=cx.span), span=cx.span)
+
+
+@entry("softmax", "(softmax x :axis -1)", keywords={"axis": -1})
+def _softmax(cx: Call) -> Node:
+    return b.softmax(cx.tensor(0), axis=cx.integer("axis"), span=cx.span)
+
+
+@entry("log-softmax", "(log-softmax x :axis -1)", keywords={"axis": -1})
+def _log_softmax(cx: Call) -> Node:
+    return b.log_softmax(cx.tensor(0), axis=cx.integer("axis"), span=cx.span)
+
+
+# ---------------------------------------------------------------- reductions
+
+_REDUCE_KEYS = {"axis": None, "keep": False}
+
+
+@entry("sum", "(sum x :axis A :keep false)", keywords=_REDUCE_KEYS)
+def _sum(cx: Call) -> Node:
+    return b.sum(cx.tensor(0), cx.axes("axis"), keepdims=cx.boolean("keep"), span=cx.span)
+
+
+@entry("mean", "(mean x :axis A :keep false)", keywords=_REDUCE_KEYS)
+def _mean(cx: Call) -> Node:
+    return mean_over(cx.tensor(0), cx.axes("axis"), cx.boolean("keep"), cx.span)
+
+
+@entry("amax", "(amax x :axis A :keep false)", keywords=_REDUCE_KEYS)
+def _amax(cx: Call) -> Node:
+    return b.max(cx.tensor(0), cx.axes("axis"), keepdims=cx.boolean("keep"), span=cx.span)
+
+
+# ---------------------------------------------------------------- shape
+
+
+@entry("reshape", "(reshape x [d ...])", (2, 2))
+def _reshape(cx: Call) -> Node:
+    shape = cx.ints(1, minimum=-1)
+    if shape.count(-1) > 1:
+        raise cx.fail("reshape: at most one size may be -1", "give the other sizes", 1)
+    return b.reshape(cx.tensor(0), shape, span=cx.span)
+
+
+@entry("transpose", "(transpose x :axes [..])", keywords={"axes": None})
+def _transpose(cx: Call) -> Node:
+    axes = cx.get("axes")
+    return b.transpose(cx.tensor(0), None if axes is None else cx.ints("axes"), span=cx.span)
+
+
+@entry("slice", "(slice x :axis -1 :from 0 :to N)", keywords={"axis": -1, "from": 0, "to": None})
+def _slice(cx: Call) -> Node:
+    x = cx.tensor(0)
+    axis = cx.integer("axis")
+    in_range = -x.ndim <= axis < x.ndim
+    stop = cx.integer("to") if cx.get("to") is not None else x.shape[axis] if in_range else 0
+    return b.slice(x, axis, cx.integer("from"), stop, span=cx.span)
+
+
+@entry("concat", "(concat a b ... :axis 0)", (1, None), keywords={"axis": 0})
+def _concat(cx: Call) -> Node:
+    if len(cx.args) == 1 and isinstance(cx.args[0], tuple):  # (concat [a b] :axis 1)
+        parts = Call(cx.name, cx.span, list(cx.args[0]), [cx.where(0)] * len(cx.args[0]))
+        parts.dtype = cx.dtype
+        return b.concat(parts.tensors(range(len(parts.args))), cx.integer("axis"), span=cx.span)
+    return b.concat(cx.tensors(range(len(cx.args))), cx.integer("axis"), span=cx.span)
+
+
+@entry("take", "(take table ids)", (2, 2))
+def _take(cx: Call) -> Node:
+    return b.take(cx.tensor(0), cx.tensor(1), span=cx.span)
+
+
+@entry("positions", "(positions ids)")
+def _positions(cx: Call) -> Node:
+    ids = cx.tensor(0)
+    if ids.ndim < 1:
+        raise cx.fail("positions needs a [batch seq] input, found a scalar", "pass token ids", 0)
+    return b.iota(ids.shape, axis=ids.ndim - 1, dtype=DType.INT32, span=cx.span)
+
+
+_DTYPES = ("f32", "bf16", "int32")
+
+
+@entry("cast", "(cast x :dtype f32)", keywords={"dtype": None}, quoted=("dtype",))
+def _cast(cx: Call) -> Node:
+    target = cx.get("dtype")
+    if target not in _DTYPES:
+        raise cx.fail(
+            f"cast: `:dtype` must be one of {', '.join(_DTYPES)}, found "
+            + ("nothing" if target is None else describe_value(target)),
+            "write (cast x :dtype f32)",
+            "dtype",
+        )
+    return b.cast(cx.tensor(0), DType(target), span=cx.span)
+
+
+# ---------------------------------------------------------------- products
+
+
+@entry("matmul", "(matmul a b)", (2, 2))
+def _matmul(cx: Call) -> Node:
+    left, right = cx.tensors([0, 1])
+    return b.matmul(left, right, span=cx.span)
+
+
+from sexpgpu.ir import vocabulary_layers as _layers  # noqa: E402, F401  (registers the layers)

@@ -1,0 +1,173 @@
+"""Vocabulary entries with parameters (layers) and the losses.
+
+Each layer's parameters are named under the call's own path segment
+(``gpt/block.3/attention/wq``); see `sexpgpu.ir.trace` for the naming rule.
+
+=============  ================================  ===================================
+layer          parameters                        initial values
+=============  ================================  ===================================
+linear         weight ``[in n]``, bias ``[n]``   xavier, zeros
+embed          weight ``[vocab width]``          (normal 0.02)
+layernorm      weight, bias ``[width]``          ones, zeros
+rmsnorm        weight ``[width]``                ones
+attention      wq wk wv wo ``[width width]``,    xavier, zeros
+               bq bk bv bo ``[width]``
+=============  ================================  ===================================
+
+Norms use ``:eps 1e-5``. ``attention`` is multi-head scaled dot-product
+self-attention: ``softmax(q k^T / sqrt(d)) v`` per head with ``d = width /
+heads``, masked to earlier positions when ``:causal true``, then the output
+projection.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.ir import builder as b
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.node import Node
+from sexpgpu.ir.shape_rules import format_shape
+from sexpgpu.ir.trace_call import Call
+from sexpgpu.ir.trace_init import Init
+from sexpgpu.ir.vocabulary import entry, mean_over, scale
+
+__all__: list[str] = []
+
+_XAVIER = Init("xavier")
+_ZEROS = Init("zeros")
+_ONES = Init("ones")
+_EMBED = Init("normal", (0.02,))
+
+
+def _features(cx: Call, x: Node) -> int:
+    if x.ndim < 1:
+        raise cx.fail(
+            f"{cx.name} needs a tensor with a feature axis, found a scalar",
+            "pass a [.. features] tensor",
+            0,
+        )
+    return x.shape[-1]
+
+
+def _affine(x: Node, w: Node, bias: Node | None, span) -> Node:
+    """``x @ w + bias`` over the last axis, as one 2-D product (``[rows in] @ [in n]``)."""
+    rows = x if x.ndim == 2 else b.reshape(x, (-1, x.shape[-1]), span=span)
+    y = b.matmul(rows, w, span=span)
+    if bias is not None:
+        y = b.add(y, bias, span=span)
+    return y if x.ndim == 2 else b.reshape(y, (*x.shape[:-1], w.shape[-1]), span=span)
+
+
+@entry("linear", "(linear x n :bias true)", (2, 2), keywords={"bias": True}, layer=True)
+def _linear(cx: Call) -> Node:
+    x = cx.tensor(0)
+    n_in, n_out = _features(cx, x), cx.integer(1, minimum=1)
+    w = cx.param("weight", (n_in, n_out), _XAVIER)
+    bias = cx.param("bias", (n_out,), _ZEROS) if cx.boolean("bias") else None
+    return _affine(x, w, bias, cx.span)
+
+
+@entry("embed", "(embed ids vocab width)", (3, 3), layer=True)
+def _embed(cx: Call) -> Node:
+    ids = cx.tensor(0)
+    table = cx.param("weight", (cx.integer(1, minimum=1), cx.integer(2, minimum=1)), _EMBED)
+    return b.take(table, ids, span=cx.span)
+
+
+def _normalize(x: Node, centered: bool, eps: float, span) -> Node:
+    """``(x - mean) / sqrt(var + eps)`` (or ``x / sqrt(mean(x^2) + eps)``) over the last axis."""
+    if centered:
+        x = b.sub(x, mean_over(x, (-1,), True, span), span=span)
+    power = mean_over(b.mul(x, x, span=span), (-1,), True, span)
+    inv = b.rsqrt(b.add(power, b.constant(eps, x.dtype, span=span), span=span), span=span)
+    return b.mul(x, inv, span=span)
+
+
+@entry("layernorm", "(layernorm x :eps 1e-5)", keywords={"eps": 1e-5}, layer=True)
+def _layernorm(cx: Call) -> Node:
+    x = cx.tensor(0)
+    width = _features(cx, x)
+    w, bias = cx.param("weight", (width,), _ONES), cx.param("bias", (width,), _ZEROS)
+    y = _normalize(x, True, cx.number("eps"), cx.span)
+    return b.add(b.mul(y, w, span=cx.span), bias, span=cx.span)
+
+
+@entry("rmsnorm", "(rmsnorm x :eps 1e-5)", keywords={"eps": 1e-5}, layer=True)
+def _rmsnorm(cx: Call) -> Node:
+    x = cx.tensor(0)
+    w = cx.param("weight", (_features(cx, x),), _ONES)
+    return b.mul(_normalize(x, False, cx.number("eps"), cx.span), w, span=cx.span)
+
+
+@entry(
+    "attention",
+    "(attention x :heads H :causal false)",
+    keywords={"heads": 1, "causal": False},
+    layer=True,
+)
+def _attention(cx: Call) -> Node:
+    x, span = cx.tensor(0), cx.span
+    heads, causal = cx.integer("heads", minimum=1), cx.boolean("causal")
+    if x.ndim < 2:
+        raise cx.fail(
+            f"attention needs a [.. seq width] tensor, found {format_shape(x.shape)}",
+            "pass the sequence as the second-to-last axis",
+            0,
+        )
+    seq, width = x.shape[-2:]
+    if width % heads:
+        raise cx.fail(
+            f"attention: width {width} does not split into {heads} heads",
+            f"choose :heads dividing {width}",
+            "heads",
+        )
+    d = width // heads
+    lead = math.prod(x.shape[:-2])
+
+    def project(name: str) -> Node:  # (N S W) -> (N S H D)
+        w = cx.param(f"w{name}", (width, width), _XAVIER)
+        bias = cx.param(f"b{name}", (width,), _ZEROS)
+        return b.reshape(_affine(x, w, bias, span), (lead, seq, heads, d), span=span)
+
+    q = b.transpose(scale(project("q"), 1.0 / math.sqrt(d), span), (0, 2, 1, 3), span=span)
+    kt = b.transpose(project("k"), (0, 2, 3, 1), span=span)  # (N H D S)
+    v = b.transpose(project("v"), (0, 2, 1, 3), span=span)  # (N H S D)
+    scores = b.matmul(q, kt, span=span)  # (N H S S)
+    if causal:
+        row = b.iota((seq, seq), 0, DType.INT32, span=span)
+        col = b.iota((seq, seq), 1, DType.INT32, span=span)
+        hidden = b.constant(float("-inf"), scores.dtype, span=span)
+        scores = b.where(b.le(col, row, span=span), scores, hidden, span=span)
+    y = b.matmul(b.softmax(scores, -1, span=span), v, span=span)  # (N H S D)
+    y = b.reshape(b.transpose(y, (0, 2, 1, 3), span=span), (*x.shape[:-1], width), span=span)
+    wo, bo = cx.param("wo", (width, width), _XAVIER), cx.param("bo", (width,), _ZEROS)
+    return _affine(y, wo, bo, span)
+
+
+# ---------------------------------------------------------------- losses
+
+
+@entry("cross-entropy", "(cross-entropy logits targets)", (2, 2))
+def _cross_entropy(cx: Call) -> Node:
+    logits, targets = cx.tensor(0), cx.tensor(1)
+    if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
+        raise SexpgpuError(
+            "E-SHAPE-010",
+            f"cross-entropy: logits {format_shape(logits.shape)} and targets "
+            f"{format_shape(targets.shape)} disagree",
+            cx.span,
+            "logits are [.. classes] and targets [..]: one class index per row of logits",
+        )
+    if logits.ndim != 2:
+        logits = b.reshape(logits, (-1, logits.shape[-1]), span=cx.span)
+        targets = b.reshape(targets, (-1,), span=cx.span)
+    return mean_over(b.cross_entropy(logits, targets, span=cx.span), None, False, cx.span)
+
+
+@entry("mse", "(mse prediction target)", (2, 2))
+def _mse(cx: Call) -> Node:
+    pred, target = cx.tensors([0, 1])
+    diff = b.sub(pred, target, span=cx.span)
+    return mean_over(b.mul(diff, diff, span=cx.span), None, False, cx.span)

@@ -106,7 +106,7 @@ CODES: dict[str, str] = {
     "E-DATA-004": "data field missing, or fields of different lengths",
     "E-DATA-005": "unknown data source or bad data option",
     # training runs
-    "E-TRAIN-001": "unknown optimizer or schedule, or a bad option of one",
+    "E-TRAIN-001": "unknown optimizer, schedule or diagnostic, or a bad option of one",
     "E-TRAIN-002": "the loss became NaN or infinite",
     # checkpoints
     "E-CKPT-001": "no complete checkpoint to resume from",

@@ -1,0 +1,38 @@
+"""What a run reports: after each step (`StepReport`) and at its end (`RunSummary`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["RunSummary", "StepReport"]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What the progress display shows after each step."""
+
+    step: int
+    steps: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+    step_time_s: float
+    eta_s: float
+    eval_loss: float | None = None
+    eval_accuracy: float | None = None
+
+
+@dataclass
+class RunSummary:
+    """How a run ended: the last step's numbers and rank 0's parameters."""
+
+    step: int
+    loss: float | None
+    eval_loss: float | None
+    eval_accuracy: float | None
+    seconds: float
+    params: dict[str, np.ndarray] = field(repr=False)
+    resumed_from: int | None = None

@@ -262,8 +262,10 @@ def resolve_params(builder: Builder) -> None:
 
     Every variant is checked to name only declared parameters, even the ones
     not chosen. A variant's value may be an expression of earlier parameters
-    (after the variant); it must have its default's type, except that an
-    integer may stand for a float.
+    (after the variant), and the parameter's own name in it stands for the
+    value it would have without the override, so ``(lr (/ lr 10))`` works.
+    The value must have the type of that value, except that an integer may
+    stand for a float.
     """
     names = [symbol.name for symbol, _ in builder.param_decls]
     for decl in builder.variants.values():
@@ -291,22 +293,23 @@ def resolve_params(builder: Builder) -> None:
             f"(defvariant {builder.variant} (param value)...)",
         )
     overrides = {symbol.name: value for symbol, value in decl.entries}
-    builder.params.update(_evaluate_params(builder.param_decls, overrides, builder.defaults))
+    builder.params.update(_evaluate_params(builder.param_decls, overrides))
     builder.overridden.update(overrides)
 
 
 def _evaluate_params(
-    decls: Sequence[tuple[Symbol, Node]],
-    overrides: dict[str, Node],
-    defaults: dict[str, Value] | None = None,
+    decls: Sequence[tuple[Symbol, Node]], overrides: dict[str, Node]
 ) -> dict[str, Value]:
+    """Evaluate in order; an override sees its parameter's own value as it would be without it."""
     env: dict[str, Value] = {}
     names = [symbol.name for symbol, _ in decls]
     for i, (symbol, expr) in enumerate(decls):
-        node = overrides.get(symbol.name, expr)
-        value = evaluate(node, env, later=names[i + 1 :])
-        if defaults is not None and symbol.name in overrides:
-            value = _same_type(value, defaults[symbol.name], symbol.name, node)
+        later = names[i + 1 :]
+        value = evaluate(expr, env, later)
+        if symbol.name in overrides:
+            node = overrides[symbol.name]
+            new = evaluate(node, {**env, symbol.name: value}, later)
+            value = _same_type(new, value, symbol.name, node)
         env[symbol.name] = value
     return env
 
@@ -318,7 +321,7 @@ def _same_type(value: Value, default: Value, name: str, node: Node) -> Value:
         return float(value)
     raise SexpgpuError(
         "E-FORM-005",
-        f"`{name}` is {type_name(default, True)} ({show_value(default)} by default), "
+        f"`{name}` is {type_name(default, True)} ({show_value(default)} without the variant), "
         f"but the variant gives {type_name(value, True)} {show_value(value)}",
         node.span,
         hint=f"give `{name}` {type_name(default, True)}",

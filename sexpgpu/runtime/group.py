@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sexpgpu.runtime.devices import Device, parse_device
-from sexpgpu.runtime.transfer import add, copy_to, ready, settle
+from sexpgpu.runtime.transfer import accumulate, copy_to, read_on, ready, settle
 
 if TYPE_CHECKING:
     from sexpgpu.runtime.config import RuntimeConfig
@@ -209,9 +209,9 @@ class RankContext:
         values = self._exchange("all_reduce", 0, x)
         s = self._session
         if self.rank == 0:
-            total = copy_to(values[0], self.device)
+            total = copy_to(values[0], self.device)  # owned: summed into in place
             for value in values[1:]:
-                total = add(total, copy_to(value, self.device))
+                total = accumulate(total, read_on(value, self.device))
             ready(total, self.device)
             s.product = total
         s.wait(self.rank, "all_reduce")

@@ -17,7 +17,16 @@ import numpy as np
 
 from sexpgpu.runtime.devices import Device, torch_if_loaded
 
-__all__ = ["add", "copy_to", "is_tensor", "ready", "settle", "tree_map"]
+__all__ = [
+    "accumulate",
+    "add",
+    "copy_to",
+    "is_tensor",
+    "read_on",
+    "ready",
+    "settle",
+    "tree_map",
+]
 
 # Immutable leaves that every rank may share.
 _SHARED = (int, float, complex, bool, str, bytes, type(None), np.generic)
@@ -61,6 +70,44 @@ def _copy_leaf(leaf: Any, device: Device) -> Any:
         # devices' current streams, and the destination's stream after the copy.
         return leaf.to(device.torch_device(), copy=True)
     return copy.deepcopy(leaf)
+
+
+def read_on(x: Any, device: Device) -> Any:
+    """`x` itself where it already lives on `device`, else a copy there: for reading only."""
+    return tree_map(lambda leaf: leaf if _lives_on(leaf, device) else _copy_leaf(leaf, device), x)
+
+
+def _lives_on(leaf: Any, device: Device) -> bool:
+    if isinstance(leaf, (np.ndarray, *_SHARED)):
+        return not device.is_cuda or not isinstance(leaf, np.ndarray)
+    return is_tensor(leaf) and leaf.device == device.torch_device()
+
+
+def accumulate(total: Any, x: Any) -> Any:
+    """``total + x`` leaf by leaf, written into `total`'s arrays where dtype and shape allow.
+
+    `total` must be owned by the caller (a fresh copy). In-place and
+    out-of-place sums round alike, so the result is bitwise that of ``total + x``.
+    """
+    return tree_map(_accumulate_leaf, total, x)
+
+
+def _accumulate_leaf(total: Any, x: Any) -> Any:
+    if isinstance(total, np.ndarray) and isinstance(x, np.ndarray):
+        if np.result_type(total, x) == total.dtype and _keeps_shape(total.shape, x.shape):
+            return np.add(total, x, out=total)
+    elif is_tensor(total) and is_tensor(x) and total.device == x.device:
+        torch = torch_if_loaded()
+        if torch.result_type(total, x) == total.dtype and _keeps_shape(total.shape, x.shape):
+            return total.add_(x)
+    return total + x
+
+
+def _keeps_shape(shape: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    try:
+        return tuple(np.broadcast_shapes(tuple(shape), tuple(other))) == tuple(shape)
+    except ValueError:
+        return False
 
 
 def add(a: Any, b: Any) -> Any:

@@ -289,3 +289,16 @@ def test_groups_run_again_after_a_failure():
     with pytest.raises(Boom):
         group.run(failing_step("between", 1, {}))
     assert group.run(lambda ctx: ctx.all_reduce(ctx.rank)) == [3, 3, 3]
+
+
+def test_all_reduce_promotes_and_broadcasts_as_numpy_does():
+    data = [
+        np.ones((1, 3), np.float32),
+        np.full((2, 3), 0.1, np.float64),
+        np.arange(3, dtype=np.int64),
+    ]
+    reference = functools.reduce(np.add, data)
+    results = cpu_group(3).run(lambda ctx: ctx.all_reduce(data[ctx.rank]))
+    for result in results:
+        assert result.dtype == np.float64 and result.tobytes() == reference.tobytes()
+    assert np.array_equal(data[0], np.ones((1, 3)))  # inputs are never written

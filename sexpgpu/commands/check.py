@@ -9,7 +9,7 @@ per run) by appending to `SECTIONS`.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sexpgpu.lang import Experiment, RunDef, load_experiment, unparse
@@ -106,7 +106,7 @@ def _runs(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
     return lines
 
 
-def _call(name: str, options: dict) -> str:
+def _call(name: str, options: Mapping[str, object]) -> str:
     parts = [name] + [f":{key.replace('_', '-')} {_show(value)}" for key, value in options.items()]
     return "(" + " ".join(parts) + ")"
 

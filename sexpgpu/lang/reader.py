@@ -23,6 +23,7 @@ import gc
 import math
 import re
 from bisect import bisect_right
+from collections.abc import Iterator
 from itertools import accumulate
 from os import PathLike
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 from sexpgpu.errors import SexpgpuError, Source, Span
 from sexpgpu.lang.syntax import Keyword, ListNode, Literal, Node, Symbol, Vector
 
-__all__ = ["MAX_DEPTH", "read", "read_file", "read_source"]
+__all__ = ["MAX_DEPTH", "load_text", "read", "read_file", "read_source"]
 
 MAX_DEPTH = 200
 
@@ -130,7 +131,10 @@ def load_text(path: str | PathLike[str]) -> str:
         ) from None
     except OSError as err:
         raise SexpgpuError(
-            "E-READ-007", f"cannot read the file: {err.strerror}", str(path)
+            "E-READ-007",
+            f"cannot read the file: {err.strerror}",
+            str(path),
+            hint="check the path and its permissions",
         ) from None
 
 
@@ -174,7 +178,7 @@ class _Reader:
             end - starts[end_line - 1] + 1,
         )
 
-    def tokens(self):
+    def tokens(self) -> Iterator[tuple[str, int, int]]:
         """Yield (kind, start, end) for each token; the only place the offset advances."""
         for match in _TOKEN.finditer(self.text):
             kind = match.lastgroup

@@ -104,8 +104,7 @@ def _unparse_literal(value: int | float | str | bool) -> str:
 def describe(node: Node) -> str:
     """A short phrase naming the node's kind and text, for error messages.
 
-    >>> describe(Literal(3, span))  # doctest: +SKIP
-    'integer `3`'
+    For example ``integer `3` `` or ``list `(every 5)` ``; long text is cut at 40 characters.
     """
     if isinstance(node, Literal):
         kind = {bool: "boolean", int: "integer", float: "float", str: "string"}[type(node.value)]

@@ -46,7 +46,13 @@ class Operator:
     name: str
     apply: Callable[..., Number]
     min_args: int
-    max_args: int | None
+    max_args: int | None  # None: any number from min_args up
+
+    @property
+    def usage(self) -> str:
+        """How a call is written, e.g. ``(+ x y ...)`` or ``(pow x y)``."""
+        args = "x y ..." if self.max_args is None else " ".join("xyz"[: self.max_args])
+        return f"({self.name} {args})"
 
 
 OPERATORS: dict[str, Operator] = {}
@@ -170,14 +176,11 @@ def _call(node: ListNode, env: Mapping[str, Value], later: Collection[str] | Non
         )
     count = len(arg_nodes)
     if count < op.min_args or (op.max_args is not None and count > op.max_args):
-        wanted = _arity(op)
         raise SexpgpuError(
             "E-FORM-002",
-            f"`{op.name}` takes {wanted}, found {count}",
+            f"`{op.name}` takes {_arity(op)}, found {count}",
             node.span,
-            hint=f"write ({op.name} {' '.join(['x'] * max(op.min_args, 1))}...)"
-            if op.max_args is None
-            else f"write ({op.name} {' '.join('xyz'[: op.max_args])})",
+            hint=f"write {op.usage}",
         )
     args = []
     for arg_node in arg_nodes:

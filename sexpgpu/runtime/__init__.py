@@ -12,11 +12,13 @@ until a cuda device is used or asked about.
 - `sexpgpu.runtime.memory`: budgets, plans (E-MEM-001), peaks.
 - `sexpgpu.runtime.oom`: retry and split after an allocation failure, and the
   failure injector for tests.
+- `sexpgpu.runtime.nodes`: `NodeLink`, the rendezvous of several nodes and
+  cross-node sums (torch.distributed).
 - `sexpgpu.runtime.probe`: the host's versions and GPUs, for ``sexpgpu doctor``.
 """
 
 from sexpgpu.runtime.config import RuntimeConfig, check_env
-from sexpgpu.runtime.devices import Device, parse_device, visible_gpu_count
+from sexpgpu.runtime.devices import Device, parse_device, require_capability, visible_gpu_count
 from sexpgpu.runtime.group import (
     CollectiveMismatch,
     DeviceGroup,
@@ -25,6 +27,7 @@ from sexpgpu.runtime.group import (
     RankContext,
 )
 from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, PeakTracker, detect_budget
+from sexpgpu.runtime.nodes import GradientCarry, NodeLink
 from sexpgpu.runtime.oom import (
     FailureInjector,
     SimulatedAllocationFailure,
@@ -44,11 +47,13 @@ __all__ = [
     "DeviceGroup",
     "FailureInjector",
     "GiB",
+    "GradientCarry",
     "GroupAborted",
     "GroupTimeout",
     "MemoryBudget",
     "MemoryPlan",
     "MiB",
+    "NodeLink",
     "PeakTracker",
     "RankContext",
     "RuntimeConfig",
@@ -64,6 +69,7 @@ __all__ = [
     "parse_bytes",
     "parse_device",
     "release_caches",
+    "require_capability",
     "run_with_split",
     "visible_gpu_count",
 ]

@@ -1,0 +1,209 @@
+"""Runs over several nodes: the rendezvous, the fingerprint check, cross-node sums.
+
+One process runs per node (``SEXPGPU_NODES``), each with its own
+`DeviceGroup`. Node 0 listens at ``SEXPGPU_RENDEZVOUS``; the others connect.
+The traffic between nodes goes through PyTorch's ``torch.distributed`` (NCCL
+between GPUs, Gloo between host tensors), never through a protocol of our own.
+
+At the rendezvous every node shows a fingerprint (device and node counts, the
+experiment's hash, the gradient dtype, the checkpoint it resumes): a node that
+differs from node 0 stops the run with E-DP-006. A node that does not arrive
+in time, or leaves the run, is E-DP-007.
+
+Cross-node sums gather every node's contribution and add them up in node
+order, so that the result never depends on the transport: with
+``SEXPGPU_NODE_GRADIENTS=f32`` two nodes of one GPU sum exactly as one node of
+two GPUs. With ``bf16`` each node sends its contribution rounded to bf16 and
+keeps the rounding error in a `GradientCarry`, added to its next contribution.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.runtime.config import RuntimeConfig
+
+__all__ = ["RENDEZVOUS_TIMEOUT", "GradientCarry", "NodeLink"]
+
+log = logging.getLogger(__name__)
+
+# DESIGN.md: a node that has not arrived after 300 s stops the run.
+RENDEZVOUS_TIMEOUT = 300.0
+
+_PREFIX = "sexpgpu/fingerprint/"
+
+
+@dataclass
+class GradientCarry:
+    """The bf16 rounding error a node carries into its next cross-node sum."""
+
+    residual: Any = None  # a flat f32 tensor, or None before the first sum
+
+
+@dataclass
+class NodeLink:
+    """This node's connection to the others; one node is a link to itself.
+
+    Build it with `NodeLink.open`; close it with `close` at the end of the run.
+    """
+
+    nodes: int = 1
+    node_rank: int = 0
+    gradients: str = "f32"
+    _dist: Any = field(default=None, repr=False)
+
+    @classmethod
+    def open(
+        cls,
+        config: RuntimeConfig,
+        fingerprint: Mapping[str, object],
+        *,
+        backend: str | None = None,
+        timeout: float = RENDEZVOUS_TIMEOUT,
+    ) -> NodeLink:
+        """Meet the other nodes at the rendezvous and check their fingerprints.
+
+        Parameters
+        ----------
+        config
+            Gives the node count and rank, the rendezvous and the gradient dtype.
+        fingerprint
+            What must agree between nodes, by name (JSON-serialisable values).
+        backend
+            ``"nccl"`` or ``"gloo"``; by default NCCL on cuda, Gloo on cpu.
+        timeout
+            Seconds to wait for every node.
+
+        Raises
+        ------
+        SexpgpuError
+            E-DP-007 when a node does not arrive in time, E-DP-006 when a
+            node's fingerprint differs from node 0's.
+        """
+        link = cls(config.nodes, config.node_rank, config.node_gradients)
+        if config.nodes == 1:
+            return link
+        assert config.rendezvous is not None, "RuntimeConfig checks the rendezvous"
+        import torch.distributed as dist
+
+        host, port = config.rendezvous
+        where = f"SEXPGPU_RENDEZVOUS={host}:{port}"
+        wait = datetime.timedelta(seconds=timeout)
+        try:
+            store = dist.TCPStore(
+                host, port, config.nodes, is_master=config.node_rank == 0, timeout=wait
+            )
+            _check_fingerprints(store, config, fingerprint)
+            chosen = backend or ("nccl" if config.device == "cuda" else "gloo")
+            dist.init_process_group(
+                chosen, store=store, rank=config.node_rank, world_size=config.nodes, timeout=wait
+            )
+        except SexpgpuError:
+            raise
+        except RuntimeError as err:
+            raise SexpgpuError(
+                "E-DP-007",
+                f"node {config.node_rank} waited {timeout:g} s at {where}, but not all "
+                f"{config.nodes} nodes arrived ({_first_line(err)})",
+                "SEXPGPU_RENDEZVOUS",
+                hint="start `sexpgpu run` on every node with the same SEXPGPU_NODES and "
+                "SEXPGPU_RENDEZVOUS, each with its own SEXPGPU_NODE_RANK, and check that "
+                "the other nodes can reach node 0 at that address",
+            ) from err
+        link._dist = dist
+        log.info("node %d of %d joined at %s", config.node_rank, config.nodes, where)
+        return link
+
+    def sum(self, tensors: Sequence[Any], carry: GradientCarry | None = None) -> list[Any]:
+        """The sum over nodes of each tensor, taken in node order; on every node.
+
+        Parameters
+        ----------
+        tensors
+            This node's contributions (its ranks' sum, say), on one device.
+        carry
+            Needed when the gradient dtype is bf16: the rounding error kept
+            from the last call and added to this one.
+
+        Returns
+        -------
+        list
+            Tensors of the inputs' shapes, dtypes and device. With one node
+            they are the inputs themselves.
+        """
+        if self.nodes == 1 or not tensors:
+            return list(tensors)
+        import torch
+
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+        sent = flat
+        if self.gradients == "bf16":
+            assert carry is not None, "bf16 cross-node sums need a GradientCarry"
+            if carry.residual is not None:
+                flat = flat + carry.residual
+            sent = flat.to(torch.bfloat16)
+            carry.residual = flat - sent.to(torch.float32)
+        parts = [torch.empty_like(sent) for _ in range(self.nodes)]
+        try:
+            self._dist.all_gather(parts, sent)
+        except RuntimeError as err:
+            raise SexpgpuError(
+                "E-DP-007",
+                f"a node left the run during a cross-node sum ({_first_line(err)})",
+                "SEXPGPU_NODES",
+                hint="look at the other nodes' logs for the first error; resume from "
+                "the last checkpoint with `--resume latest` on every node",
+            ) from err
+        total = parts[0].to(torch.float32)
+        for part in parts[1:]:
+            total = total + part.to(torch.float32)  # node order: the same on every node
+        pieces = total.split([t.numel() for t in tensors])
+        return [p.reshape(t.shape).to(t.dtype) for p, t in zip(pieces, tensors, strict=True)]
+
+    def close(self) -> None:
+        """Leave the other nodes (at the end of the run)."""
+        if self._dist is not None and self._dist.is_initialized():
+            self._dist.destroy_process_group()
+        self._dist = None
+
+
+def _check_fingerprints(
+    store: Any, config: RuntimeConfig, fingerprint: Mapping[str, object]
+) -> None:
+    """Every node posts its fingerprint; each compares all of them with node 0's."""
+    mine = {
+        **fingerprint,
+        "device": config.device,
+        "devices per node": config.local_size,
+        "nodes": config.nodes,
+        "node gradients": config.node_gradients,
+    }
+    store.set(f"{_PREFIX}{config.node_rank}", json.dumps(mine, sort_keys=True))
+    prints = [json.loads(store.get(f"{_PREFIX}{node}")) for node in range(config.nodes)]
+    # Every node has read every fingerprint before any node may stop (node 0
+    # holds the store: leaving early would cut the others off mid-read).
+    store.set(f"{_PREFIX}read/{config.node_rank}", "1")
+    store.wait([f"{_PREFIX}read/{node}" for node in range(config.nodes)])
+    first = prints[0]
+    for node, other in enumerate(prints[1:], start=1):
+        for key in sorted(first.keys() | other.keys()):
+            if first.get(key) != other.get(key):
+                raise SexpgpuError(
+                    "E-DP-006",
+                    f"node {node} differs from node 0 in {key}: {other.get(key)!r} on node "
+                    f"{node}, {first.get(key)!r} on node 0",
+                    "SEXPGPU_RENDEZVOUS",
+                    hint="run the same experiment, code and checkpoint with the same "
+                    "SEXPGPU_* variables and GPU count on every node",
+                )
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__

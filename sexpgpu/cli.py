@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "check": "read and check an experiment, and print it resolved",
     "doctor": "check that this host meets the floor for a device (cpu or cuda)",
     "plot": "draw a run's train and eval loss against the step into a PNG",
+    "explain": "print the IR of a run's training graph, with its parameters, FLOPs and memory",
 }
 
 _DEBUG_ENV = "SEXPGPU_DEBUG"

@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sexpgpu.commands.explain import model_section
 from sexpgpu.lang import Experiment, RunDef, load_experiment, unparse
 from sexpgpu.lang.values import show_value
 
@@ -126,6 +127,7 @@ SECTIONS: list[Section] = [
     Section("functions", _functions),
     Section("models", _models),
     Section("runs", _runs),
+    Section("traced model: parameters, FLOPs, memory", model_section),
 ]
 
 

@@ -47,7 +47,7 @@ __all__ = ["ParamSpec", "Scope", "Trace", "trace_run"]
 log = logging.getLogger(__name__)
 
 Env = Mapping[str, Value]
-_MAX_DEPTH = 200
+_MAX_DEPTH = 48  # defn and model calls inside one another
 
 
 @dataclass
@@ -125,7 +125,15 @@ def trace_run(experiment: Experiment, run: RunDef) -> Trace:
     for name, (shape, dtype) in field_specs(data, run.batch).items():
         inputs[name] = b.input(name, shape, dtype, span=data.span)
         env[name] = tracer.compute_dtype(inputs[name], data.span)
-    loss = tracer.eval(run.loss, env, Scope(run.name))
+    try:
+        loss = tracer.eval(run.loss, env, Scope(run.name))
+    except RecursionError:
+        raise SexpgpuError(
+            "E-TRACE-007",
+            "the model's expressions nest too deeply to trace",
+            run.loss.span,
+            "split deep expressions with let, or use (repeat x n f) for stacks",
+        ) from None
     loss = tracer.check_loss(loss, run.loss.span)
     output = tracer.model_output
     if output is not None and output.dtype != DType.F32 and output.dtype in FLOATS:
@@ -343,6 +351,7 @@ class _Tracer:
                 cx.kw_spans[key] = value_node.span
                 i += 2
                 continue
+            cx.arg_texts[len(cx.args)] = unparse(item)
             cx.args.append(self.eval(item, env, scope))
             cx.arg_spans.append(item.span)
             i += 1

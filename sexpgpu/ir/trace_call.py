@@ -68,6 +68,9 @@ class Call:
     make_param
         ``make_param(name, shape, init, span) -> Node``: a parameter named
         ``<this call's path>/<name>`` (layers only).
+    arg_texts
+        Position -> the argument's source text, for hints (threaded values
+        have none).
     """
 
     name: str
@@ -78,6 +81,7 @@ class Call:
     kw_spans: dict[str, Span] = field(default_factory=dict)
     dtype: DType = DType.F32
     make_param: Callable[[str, tuple[int, ...], Init, Span], Node] | None = None
+    arg_texts: dict[int, str] = field(default_factory=dict)
 
     # ------------------------------------------------------------ access
 
@@ -100,6 +104,10 @@ class Call:
         if isinstance(key, str):
             return f"`:{key}` of {self.name}"
         return f"argument {key + 1} of {self.name}"
+
+    def text(self, i: int) -> str:
+        """How a hint writes positional argument `i`: its source text, else a phrase."""
+        return self.arg_texts.get(i, f"argument {i + 1}")
 
     def fail(self, message: str, hint: str, key: ArgKey | None = None) -> SexpgpuError:
         """An E-TRACE-004 error at the argument `key` (or at the call)."""

@@ -189,7 +189,7 @@ def _init(tracer: Any, node: Syntax, env, scope) -> Init:
     if len(arg_nodes) != INITIALIZERS[kind]:
         raise SexpgpuError(
             "E-TRACE-005",
-            f"param: `{kind}` takes {INITIALIZERS[kind]} numbers, found {len(arg_nodes)}",
+            f"param: `{kind}` takes {_count(INITIALIZERS[kind])}, found {len(arg_nodes)}",
             node.span,
             f"initializers: {forms}",
         )
@@ -215,3 +215,7 @@ def unknown_function_hint(name: str, experiment: Experiment) -> str:
     lead = f"did you mean `{close[0]}`? " if close else ""
     own = f"defined: {' '.join(defined)}; " if defined else ""
     return f"{lead}{own}vocabulary: {' '.join(vocabulary)}"
+
+
+def _count(n: int) -> str:
+    return "no numbers" if n == 0 else "1 number" if n == 1 else f"{n} numbers"

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Node
+from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace_call import Call, Value, describe_value, is_number
 
 __all__ = ["VOCABULARY", "Entry", "entry", "gelu_tanh", "mean_over", "scale"]
@@ -205,7 +207,9 @@ for _name in _UNARY:
 @entry("relu", "(relu x)")
 def _relu(cx: Call) -> Node:
     x = cx.tensor(0)
-    return b.maximum(x, b.constant(0.0, x.dtype, span=cx.span), span=cx.span)
+    zero = b.constant(0.0, x.dtype, span=cx.span)
+    # where, not maximum: the gradient at 0 is 0 (as in PyTorch), and one op cheaper
+    return b.where(b.lt(zero, x, span=cx.span), x, zero, span=cx.span)
 
 
 def gelu_tanh(x: Node, span) -> Node:
@@ -328,7 +332,31 @@ def _cast(cx: Call) -> Node:
 @entry("matmul", "(matmul a b)", (2, 2))
 def _matmul(cx: Call) -> Node:
     left, right = cx.tensors([0, 1])
+    if left.ndim >= 2 and right.ndim >= 2 and left.shape[-1] != right.shape[-2]:
+        raise _inner_mismatch(cx, left, right)
     return b.matmul(left, right, span=cx.span)
+
+
+def _inner_mismatch(cx: Call, left: Node, right: Node) -> SexpgpuError:
+    """E-SHAPE-003 with a hint naming the operand to transpose, when one would fit."""
+    pair = f"{format_shape(left.shape)} by {format_shape(right.shape)}"
+    fits = [left.shape[-1] == right.shape[-1], left.shape[-2] == right.shape[-2]]
+    if any(fits):
+        i = 1 if fits[0] else 0
+        shape = format_shape((left, right)[i].shape)
+        hint = f"{cx.text(i)} is {shape}; did you mean (transpose {cx.text(i)})?"
+    else:
+        hint = (
+            f"{cx.text(0)} is {format_shape(left.shape)} and {cx.text(1)} is "
+            f"{format_shape(right.shape)}: the left's last axis must equal the right's "
+            "second-to-last"
+        )
+    return SexpgpuError(
+        "E-SHAPE-003",
+        f"matmul: inner dimensions differ, {left.shape[-1]} and {right.shape[-2]} ({pair})",
+        cx.span,
+        hint,
+    )
 
 
 from sexpgpu.ir import vocabulary_layers as _layers  # noqa: E402, F401  (registers the layers)

@@ -1,0 +1,86 @@
+"""`sexpgpu explain FILE [--variant V] [--run NAME]`: the IR of a run's training graph.
+
+Prints a header (parameters, FLOPs, the interpreter's planned peak memory)
+as ``;`` comments, then the training graph as S-expressions, one node per
+line with the source position it comes from. The text reads back with
+`sexpgpu.ir.printer.parse_graph`.
+
+`model_section` is the same summary with the parameter table, as a section
+of ``sexpgpu check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from sexpgpu.devices.program import TrainingProgram, compile_run
+from sexpgpu.ir.printer import format_graph
+from sexpgpu.ir.shape_rules import format_shape
+from sexpgpu.lang import Experiment, RunDef, load_experiment
+from sexpgpu.runtime.units import format_bytes
+
+__all__ = ["add_arguments", "format_flops", "main", "model_section", "summary_lines"]
+
+
+def format_flops(flops: float) -> str:
+    """``1.41 GFLOP``: three significant digits and a decimal prefix."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {prefix}FLOP"
+    return f"{flops:.0f} FLOP"
+
+
+def summary_lines(program: TrainingProgram, run: RunDef) -> list[str]:
+    """Parameter count, FLOPs and planned peak of `run`'s compiled program."""
+    per_micro = program.flops_per_step
+    micro = f"{run.microbatches} microbatch{'es' if run.microbatches != 1 else ''}"
+    return [
+        f"parameters: {program.param_count:,} in {len(program.params)} tensors",
+        f"FLOPs per step: {format_flops(per_micro * run.microbatches)} ({micro} of "
+        f"{run.batch} rows, {format_flops(per_micro)} each; matmuls forward and backward)",
+        f"memory: {format_bytes(program.planned_peak_bytes)} planned peak "
+        "on the cpu interpreter (one microbatch)",
+    ]
+
+
+def model_section(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
+    """`check`'s section: per run, the summary and every parameter with its shape."""
+    lines: list[str] = []
+    for run in runs:
+        program = compile_run(experiment, run)
+        lines.append(f"  {run.name} (model {run.model}, dtype {run.dtype})")
+        lines += [f"    {line}" for line in summary_lines(program, run)]
+        width = max(len(name) for name in program.params) if program.params else 0
+        for name, info in program.params.items():
+            shape = format_shape(info.shape)
+            lines.append(f"    {name.ljust(width)}  {shape:<14} {info.init}".rstrip())
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="the experiment (.lisp)")
+    parser.add_argument("--variant", help="apply this defvariant")
+    parser.add_argument("--run", help="the run to explain (default: the only one)")
+    parser.add_argument(
+        "--graph",
+        choices=("train", "eval"),
+        default="train",
+        help="the training graph (loss and gradients; default) or the evaluation graph",
+    )
+    parser.add_argument("--no-spans", action="store_true", help="leave out source positions")
+
+
+def main(args: argparse.Namespace) -> int:
+    experiment = load_experiment(args.file, variant=args.variant)
+    run = experiment.run(args.run)
+    program = compile_run(experiment, run)
+    graph = program.train_graph if args.graph == "train" else program.eval_graph
+    where = str(experiment.path)
+    if experiment.variant:
+        where += f" (variant {experiment.variant})"
+    header = [f"{where}, run {run.name}: {args.graph} graph, {len(graph.nodes())} nodes"]
+    header += summary_lines(program, run)
+    print("\n".join(f"; {line}" for line in header))
+    print(format_graph(graph, spans=not args.no_spans))
+    return 0

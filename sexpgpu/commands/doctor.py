@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.config import ENV_VARS, RuntimeConfig, check_env
@@ -83,7 +83,9 @@ def checks(environ: Mapping[str, str], device: str | None, facts: HostFacts) -> 
     out += [_gpu(gpu, needed, selected) for gpu in facts.gpus]
     if facts.torch_cuda and facts.gpus:
         out.append(_library("cuDNN", facts.cudnn, "attention falls back to the plain lowering"))
-        out.append(_library("NCCL", facts.nccl, "runs over several nodes are not possible"))
+        several = cuda and environ.get("SEXPGPU_NODES", "1").strip() not in ("", "1")
+        nccl = _library("NCCL", facts.nccl, "runs over several nodes are not possible")
+        out.append(Check("FAIL", *astuple(nccl)[1:]) if several and not facts.nccl else nccl)
     out += _variables(environ, device, problems)
     if not problems:
         out.append(_devices(environ, device, len(facts.gpus)))

@@ -140,3 +140,16 @@ def test_old_python_and_no_numpy_fail_both_floors():
         s = statuses(checks({}, device, host))
         assert s["Python"] == "FAIL" and s["NumPy"] == "FAIL"
         assert s["PyTorch"] == ("FAIL" if device == "cuda" else "info")
+
+
+def test_several_nodes_need_nccl():
+    environ = {
+        "SEXPGPU_MEMORY": "1GiB",
+        "SEXPGPU_NODES": "2",
+        "SEXPGPU_NODE_RANK": "0",
+        "SEXPGPU_RENDEZVOUS": "node0:29500",
+    }
+    found = {c.name: c for c in checks(environ, "cuda", gpu_host((9, 0)))}
+    assert found["NCCL"].status == "FAIL"
+    assert found["NCCL"].found == "not found: runs over several nodes are not possible"
+    assert found["devices"].found.startswith("cuda:0; node 0 of 2; memory budget 1.0 GiB")

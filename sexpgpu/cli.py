@@ -24,6 +24,7 @@ __all__ = ["COMMANDS", "main"]
 COMMANDS: dict[str, str] = {
     "check": "read and check an experiment, and print it resolved",
     "doctor": "check that this host meets the floor for a device (cpu or cuda)",
+    "run": "train a run of an experiment file and write its run directory",
     "plot": "draw a run's train and eval loss against the step into a PNG",
     "explain": "print the IR of a run's training graph, with its parameters, FLOPs and memory",
 }

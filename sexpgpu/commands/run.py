@@ -30,16 +30,16 @@ def _plain_progress(steps: int) -> Any:
     every = max(1, steps // 20)
 
     def show(r: StepReport) -> None:
-        if r.step % every and r.step != r.steps and r.eval_loss is None:
+        if r.step % every and r.step != r.steps and r.eval_step != r.step:
             return
         line = (
             f"step {r.step}/{r.steps}  loss {r.loss:.4f}  lr {r.lr:.3g}  "
             f"grad-norm {r.grad_norm:.3g}  {r.tokens_per_s:,.0f} tok/s  eta {r.eta_s:.0f}s"
         )
-        if r.eval_loss is not None:
+        if r.eval_step == r.step:
             line += f"  eval {r.eval_loss:.4f}"
-        if r.eval_accuracy is not None:
-            line += f"  acc {r.eval_accuracy:.3f}"
+            if r.eval_accuracy is not None:
+                line += f"  acc {r.eval_accuracy:.3f}"
         print(line, flush=True)
 
     return show

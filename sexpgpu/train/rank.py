@@ -84,6 +84,7 @@ class RankLoop:
             "loss": None,
             "eval_loss": None,
             "eval_accuracy": None,
+            "eval_step": None,
         }
 
     def _diagnostics(self) -> list[Any]:
@@ -251,7 +252,7 @@ class RankLoop:
             if target is not None:
                 right += int(np.sum(np.argmax(output, axis=-1) == target))
                 total += target.size
-        self.last["eval_loss"] = float(np.mean(losses))
+        self.last["eval_loss"], self.last["eval_step"] = float(np.mean(losses)), step
         self.metrics.write(step, "eval/loss", self.last["eval_loss"])
         if total:
             self.last["eval_accuracy"] = right / total
@@ -285,6 +286,7 @@ class RankLoop:
             eta_s=_eta(times, self.s.steps - step) or 0.0,
             eval_loss=self.last["eval_loss"],
             eval_accuracy=self.last["eval_accuracy"],
+            eval_step=self.last["eval_step"],
         )
 
     def _finish(self, times: list[float]) -> None:

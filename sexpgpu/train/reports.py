@@ -21,8 +21,9 @@ class StepReport:
     tokens_per_s: float
     step_time_s: float
     eta_s: float
-    eval_loss: float | None = None
+    eval_loss: float | None = None  # the latest evaluation's, if any
     eval_accuracy: float | None = None
+    eval_step: int | None = None  # the step of the latest evaluation
 
 
 @dataclass

@@ -1,0 +1,226 @@
+"""`sexpgpu run` end to end: real experiment files through compile_run and the cpu interpreter."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sexpgpu.cli import main
+from sexpgpu.train import load_checkpoint, run_experiment
+from sexpgpu.train.data import make_loader
+from sexpgpu.train.metrics import read_metrics
+from sexpgpu.train.schedules import make_schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MLP = """
+(defparams (hidden 32) (steps 10) (microbatches 2))
+(defdata digits (digits) :split 0.9)
+(defmodel mlp (x) (-> x (linear hidden) tanh (linear 10)))
+(defrun train
+  :model mlp
+  :data digits
+  :loss (cross-entropy (mlp x) y)
+  :optimizer (adamw :lr 1e-2 :betas [0.9 0.95] :weight-decay 0.1)
+  :schedule (cosine :warmup 3 :floor 0.1)
+  :clip 0.5
+  :batch 16
+  :microbatches microbatches
+  :steps steps
+  :seed 3
+  :checkpoint (every 5 "checkpoints"))
+"""
+
+
+def _experiment(tmp_path, text=MLP, name="mlp.lisp"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _series(run_dir, name):
+    return {
+        r["step"]: r["value"]
+        for r in read_metrics(Path(run_dir) / "metrics.jsonl")
+        if r["name"] == name
+    }
+
+
+def test_mlp_example_reaches_95_percent_in_under_a_minute(tmp_path, capsys):
+    began = time.perf_counter()
+    assert main(["run", str(ROOT / "examples/mlp.lisp"), "--out", str(tmp_path / "mlp")]) == 0
+    seconds = time.perf_counter() - began
+    out = capsys.readouterr().out
+    accuracy = _series(tmp_path / "mlp", "eval/accuracy")
+    assert accuracy[max(accuracy)] >= 0.95, out
+    assert seconds < 60
+    assert "done: step" in out and "eval accuracy" in out
+    status = json.loads((tmp_path / "mlp" / "status.json").read_text())
+    assert status["state"] == "done"
+
+
+def test_ten_compiled_steps_equal_pytorch(tmp_path):
+    """Golden trajectory through the language, tracer and interpreter."""
+    path = _experiment(tmp_path)
+    run_experiment(path, out=tmp_path / "run")
+    ours = _series(tmp_path / "run", "train/loss")
+
+    from sexpgpu.devices.program import compile_run
+    from sexpgpu.lang import load_experiment
+
+    experiment = load_experiment(path)
+    run = experiment.run(None)
+    init = compile_run(experiment, run).init_params(3)
+    names = ["mlp/linear/weight", "mlp/linear/bias", "mlp/linear.1/weight", "mlp/linear.1/bias"]
+    w1, b1, w2, b2 = (torch.nn.Parameter(torch.tensor(init[n])) for n in names)
+    opt = torch.optim.AdamW(
+        [{"params": [w1, w2], "weight_decay": 0.1}, {"params": [b1, b2], "weight_decay": 0.0}],
+        lr=1e-2,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    loader = make_loader(experiment.data["digits"], batch=16, microbatches=2, seed=3)
+    lr = make_schedule(run.schedule, 1e-2, 10)
+    ref = []
+    for step in range(10):
+        opt.zero_grad()
+        total = 0.0
+        for batch in loader.next_step():
+            x, y = torch.tensor(batch["x"]), torch.tensor(batch["y"]).long()
+            loss = torch.nn.functional.cross_entropy(torch.tanh(x @ w1 + b1) @ w2 + b2, y)
+            (loss / 2).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_([w1, b1, w2, b2], 0.5)
+        for group in opt.param_groups:
+            group["lr"] = lr(step)
+        opt.step()
+        ref.append(total / 2)
+    np.testing.assert_allclose([ours[i] for i in range(1, 11)], ref, rtol=0, atol=1e-5)
+    assert ref[-1] < ref[0] - 0.3
+
+
+def test_n_steps_then_resume_to_2n_equals_2n(tmp_path, capsys):
+    path = str(_experiment(tmp_path))
+    assert main(["run", path, "--steps", "10", "--out", str(tmp_path / "a")]) == 0
+    assert main(["run", path, "--steps", "10", "--out", str(tmp_path / "b")]) == 0
+    args = ["run", path, "--steps", "20", "--out", str(tmp_path / "a"), "--resume", "latest"]
+    assert main(args) == 0
+    step10 = str(tmp_path / "b" / "checkpoints" / "step-10")
+    args = ["run", path, "--steps", "20", "--out", str(tmp_path / "b"), "--resume", step10]
+    assert main(args) == 0
+    assert main(["run", path, "--steps", "20", "--out", str(tmp_path / "c")]) == 0
+    # a cosine schedule stretches with --steps: compare against a constant one for 2N
+    const = _experiment(
+        tmp_path, MLP.replace("(cosine :warmup 3 :floor 0.1)", "(constant)"), "k.lisp"
+    )
+    for out, steps in (("k1", "10"), ("k2", "20")):
+        assert main(["run", str(const), "--steps", steps, "--out", str(tmp_path / out)]) == 0
+    args = ["run", str(const), "--steps", "20", "--out", str(tmp_path / "k1"), "--resume", "latest"]
+    assert main(args) == 0
+    assert _series(tmp_path / "k1", "train/loss") == _series(tmp_path / "k2", "train/loss")
+    one = load_checkpoint(tmp_path / "k1" / "checkpoints")
+    two = load_checkpoint(tmp_path / "k2" / "checkpoints")
+    assert one.step == two.step == 20
+    for k in two.params:
+        assert np.array_equal(one.params[k], two.params[k])
+    assert _series(tmp_path / "a", "train/loss") == _series(tmp_path / "b", "train/loss")
+    capsys.readouterr()
+
+
+def test_cli_sigkill_then_resume_equals_uninterrupted(tmp_path):
+    text = MLP.replace("(steps 10)", "(steps 400)").replace(
+        '(every 5 "checkpoints")', '(every 100 "checkpoints")'
+    )
+    path = _experiment(tmp_path, text)
+    run_dir = tmp_path / "killed"
+    env = dict(os.environ, SEXPGPU_DEVICE="cpu")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sexpgpu", "run", str(path), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    deadline = time.monotonic() + 120
+    while max(_series(run_dir, "train/loss"), default=0) < 150:
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = max(_series(run_dir, "train/loss"))
+    resumed = run_experiment(path, out=run_dir, resume="latest")
+    assert resumed.resumed_from is not None and resumed.resumed_from < killed_at
+    whole = run_experiment(path, out=tmp_path / "whole")
+    for k in whole.params:
+        assert np.array_equal(whole.params[k], resumed.params[k])
+    assert _series(run_dir, "train/loss") == _series(tmp_path / "whole", "train/loss")
+
+
+def test_two_simulated_ranks_through_the_cli(tmp_path, monkeypatch, capsys):
+    path = str(_experiment(tmp_path))
+    assert main(["run", path, "--out", str(tmp_path / "one")]) == 0
+    monkeypatch.setenv("SEXPGPU_DEVICES", "0,1")
+    assert main(["run", path, "--out", str(tmp_path / "two")]) == 0
+    one, two = _series(tmp_path / "one", "train/loss"), _series(tmp_path / "two", "train/loss")
+    np.testing.assert_allclose(
+        [two[s] for s in sorted(two)], [one[s] for s in sorted(one)], rtol=1e-5
+    )
+    notes = [r["value"] for r in read_metrics(tmp_path / "two" / "metrics.jsonl")]
+    assert "devices: 2 x cpu" in notes
+    # the checkpoint of two ranks resumes only on two
+    monkeypatch.setenv("SEXPGPU_DEVICES", "0")
+    args = ["run", path, "--steps", "12", "--out", str(tmp_path / "two"), "--resume", "latest"]
+    assert main(args) == 1
+    assert "error[E-DP-002]" in capsys.readouterr().err
+    odd = _experiment(tmp_path, MLP.replace("(microbatches 2)", "(microbatches 3)"), "odd.lisp")
+    monkeypatch.setenv("SEXPGPU_DEVICES", "0,1")
+    assert main(["run", str(odd), "--out", str(tmp_path / "odd")]) == 1
+    assert "error[E-DP-003]" in capsys.readouterr().err
+
+
+def test_cli_errors_are_rendered(tmp_path, capsys):
+    path = _experiment(tmp_path)
+    assert main(["run", str(path), "--out", str(tmp_path / "r")]) == 0
+    path.write_text(MLP + "; edited\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "r"), "--resume", "latest"]) == 1
+    err = capsys.readouterr().err
+    assert "error[E-CKPT-003]" in err and "change only --steps" in err
+    missing = _experiment(
+        tmp_path,
+        MLP.replace("(digits)", '(bytes "nope.txt")').replace(":split 0.9", ":seq 8 :split 0.9"),
+        "bad.lisp",
+    )
+    assert main(["run", str(missing), "--out", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert "error[E-" in err and "Traceback" not in err
+
+
+def test_a_byte_file_trains_a_tiny_language_model(tmp_path, capsys):
+    corpus = (ROOT / "sexpgpu" / "train" / "data.py").read_bytes() * 4
+    (tmp_path / "corpus.txt").write_bytes(corpus)
+    text = """
+(defdata text (bytes "corpus.txt") :seq 16 :split 0.9)
+(defmodel lm (tokens)
+  (let [wte (param [256 32] :init (normal 0.02))]
+    (-> (take wte tokens) (linear 256))))
+(defrun train :model lm :data text :loss (cross-entropy (lm tokens) next)
+  :optimizer (adamw :lr 3e-2) :batch 8 :steps 60 :seed 0 :eval (every 60 :batches 4))
+"""
+    path = _experiment(tmp_path, text, "lm.lisp")
+    assert main(["run", str(path), "--out", str(tmp_path / "lm")]) == 0
+    eval_loss = _series(tmp_path / "lm", "eval/loss")
+    assert eval_loss[60] < np.log(256) - 2.0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("device", ["cuda"])
+def test_cuda_training_is_refused_clearly(tmp_path, capsys, device):
+    assert main(["run", str(_experiment(tmp_path)), "--device", device]) == 1
+    assert "error[E-" in capsys.readouterr().err

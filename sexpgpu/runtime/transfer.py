@@ -78,8 +78,9 @@ def read_on(x: Any, device: Device) -> Any:
 
 
 def _lives_on(leaf: Any, device: Device) -> bool:
+    # Host arrays are readable from every rank's thread; tensors where they are.
     if isinstance(leaf, (np.ndarray, *_SHARED)):
-        return not device.is_cuda or not isinstance(leaf, np.ndarray)
+        return True
     return is_tensor(leaf) and leaf.device == device.torch_device()
 
 

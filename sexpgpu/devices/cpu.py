@@ -37,6 +37,7 @@ _FED = frozenset({Op.INPUT, Op.PARAM})
 _DONORS: dict[Op, tuple[int, ...]] = {
     **{op: (0,) for op in UNARY - {Op.CAST}},
     **{op: (0, 1) for op in BINARY - COMPARISON},
+    Op.WHERE: (1, 2),
     Op.SOFTMAX: (0,),
     Op.LOG_SOFTMAX: (0,),
     Op.SOFTMAX_GRAD: (1,),

@@ -129,6 +129,13 @@ def _cast(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
 
 @impl_rule(Op.WHERE)
 def _where(node: Node, cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: Out = None):
+    # With `out` (the buffer of `a` or of `b`), overwrite only the other side's picks.
+    if out is a:
+        np.copyto(out, b, where=np.logical_not(cond))
+        return out
+    if out is b:
+        np.copyto(out, a, where=cond)
+        return out
     return np.where(cond, a, b)
 
 
@@ -215,7 +222,18 @@ def _matmul(node: Node, a: np.ndarray, b: np.ndarray, out: Out = None) -> np.nda
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         # One large GEMM instead of a loop of small ones.
         return (a.reshape(-1, a.shape[-1]) @ b).reshape(node.shape)
+    if a.ndim > 2 or b.ndim > 2:
+        # NumPy's stacked matmul reaches BLAS only for plainly laid out
+        # matrices; a strided view (a head split out of a fused qkv) is far
+        # slower than copying it first.
+        a, b = _blas_ready(a), _blas_ready(b)
     return np.matmul(a, b)
+
+
+def _blas_ready(x: np.ndarray) -> np.ndarray:
+    if x.flags.c_contiguous or np.swapaxes(x, -1, -2).flags.c_contiguous:
+        return x
+    return np.ascontiguousarray(x)
 
 
 # ---------------------------------------------------------------- fused

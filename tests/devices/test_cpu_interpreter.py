@@ -116,3 +116,15 @@ def test_missing_or_misshapen_feed_is_reported():
         run(graph, {})
     with pytest.raises(ValueError, match=r"shape \[3\], the graph wants \[2\]"):
         run(graph, {"x": np.zeros(3)})
+
+
+def test_where_writes_into_a_dying_branch_correctly():
+    x = b.input("x", (4, 5), "f32")
+    cond = b.lt(b.iota((4, 5), 1), b.iota((4, 5), 0))
+    left = b.where(cond, b.exp(x), b.constant(-1.0, "f32"))  # exp(x) dies here
+    right = b.where(cond, b.constant(2.0, "f32"), b.tanh(x))  # tanh(x) dies here
+    value = RNG.normal(size=(4, 5)).astype(np.float32)
+    out = run(Graph.of({"l": left, "r": right}), {"x": value})
+    mask = np.tril(np.ones((4, 5), bool), -1)
+    np.testing.assert_allclose(out["l"], np.where(mask, np.exp(value), -1.0), rtol=1e-6)
+    np.testing.assert_allclose(out["r"], np.where(mask, 2.0, np.tanh(value)), rtol=1e-6)

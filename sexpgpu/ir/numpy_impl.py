@@ -45,6 +45,8 @@ _CHUNK_ELEMENTS = 1 << 22
 def evaluate(node: Node, *args: np.ndarray, out: Out = None) -> np.ndarray:
     """Run `node`'s op on `args`; round the result to bf16 where the node stores bf16."""
     result = IMPL_RULES[node.op](node, *args, out=out)
+    if not isinstance(result, np.ndarray):  # a ufunc of rank-0 arrays gives a NumPy scalar
+        result = np.array(result, dtype=numpy_dtype(node.dtype))
     if node.dtype is DType.BF16 and node.op not in _EXACT:
         if not result.flags.writeable:
             result = result.copy()

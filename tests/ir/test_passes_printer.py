@@ -117,3 +117,16 @@ def test_verifier_rejects_undeclared_leaves_and_unnormalized_attrs():
     raw = Node(Op.SUM, x.dtype, (2,), (x,), {"axes": (-1,), "keepdims": False}, None)
     with pytest.raises(IRError, match="not normalized"):
         verify(Graph.of({"y": raw}))
+
+
+def test_rank_zero_arithmetic_folds_and_runs_in_every_dtype():
+    for dtype in ("bf16", "f32", "f64", "int32"):
+        two = b.constant(2, dtype)
+        y = b.mul(b.add(two, b.constant(1, dtype)), two)
+        graph = Graph.of({"y": b.add(b.input("x", (), dtype), y)})
+        folded = fold_constants(graph)
+        verify(folded)
+        assert _count(folded, Op.MUL) == 0
+        for g in (graph, folded):
+            got = run(g, {"x": np.array(1)})["y"]
+            assert isinstance(got, np.ndarray) and got.shape == () and float(got) == 7.0

@@ -16,7 +16,7 @@ from sexpgpu.commands.explain import model_section
 from sexpgpu.lang import Experiment, RunDef, load_experiment, unparse
 from sexpgpu.lang.values import show_value
 
-__all__ = ["SECTIONS", "Section", "add_arguments", "main", "render_report"]
+__all__ = ["LANGUAGE_SECTIONS", "SECTIONS", "Section", "add_arguments", "main", "render_report"]
 
 _INDENT = "  "
 
@@ -120,19 +120,26 @@ def _show(value: object) -> str:
     return show_value(value)
 
 
-# The report's sections in order; append a Section to extend `check`.
-SECTIONS: list[Section] = [
+# What the language layer alone can say about an experiment.
+LANGUAGE_SECTIONS: tuple[Section, ...] = (
     Section("parameters", _parameters),
     Section("data", _data),
     Section("functions", _functions),
     Section("models", _models),
     Section("runs", _runs),
+)
+
+# The report's sections in order; append a Section to extend `check`.
+SECTIONS: list[Section] = [
+    *LANGUAGE_SECTIONS,
     Section("traced model: parameters, FLOPs, memory", model_section),
 ]
 
 
-def render_report(experiment: Experiment, runs: Sequence[RunDef]) -> str:
-    """The report `check` prints: a header, then every section of `SECTIONS` with lines.
+def render_report(
+    experiment: Experiment, runs: Sequence[RunDef], sections: Sequence[Section] | None = None
+) -> str:
+    """The report `check` prints: a header, then every section with lines.
 
     Parameters
     ----------
@@ -140,6 +147,8 @@ def render_report(experiment: Experiment, runs: Sequence[RunDef]) -> str:
         A loaded experiment.
     runs
         The runs to describe (all of them, or the one chosen with --run).
+    sections
+        The sections to render, in order (default: `SECTIONS`).
     """
     header = str(experiment.path)
     if experiment.variant is not None:
@@ -147,7 +156,7 @@ def render_report(experiment: Experiment, runs: Sequence[RunDef]) -> str:
     elif experiment.variants:
         header += f" (variants: {', '.join(experiment.variants)})"
     out = [header]
-    for section in SECTIONS:
+    for section in SECTIONS if sections is None else sections:
         lines = section.render(experiment, runs)
         if lines:
             out += ["", section.title, *lines]

@@ -22,7 +22,7 @@ from sexpgpu.lang.definitions import DataDef
 from sexpgpu.lang.forms import Builder, KeyArgs, form_name, keyword_args, special_form
 from sexpgpu.lang.suggest import options_hint
 from sexpgpu.lang.syntax import ListNode, Literal, Node, Symbol, Vector, describe, unparse
-from sexpgpu.lang.values import Value, choice, integer, number, string
+from sexpgpu.lang.values import Value, choice, integer, number, show_value, string
 
 __all__ = ["DEFAULT_SPLIT", "SOURCES", "STREAM_FIELDS", "DataSource"]
 
@@ -186,10 +186,18 @@ def _source(node: Node, builder: Builder, where: str) -> tuple[DataSource, Path 
                 hint=f"write {source.usage}; paths are relative to the experiment file",
             )
         text = string(rest[0], builder.params, f"the path of {where}")
+        if "://" in text or not text:
+            raise SexpgpuError(
+                "E-FORM-005",
+                f"the path of {where} must name a local file, found {show_value(text)}",
+                rest[0].span,
+                hint="data paths are files relative to the experiment file; copy remote data "
+                "next to it",
+            )
         if source.suffix and not text.endswith(source.suffix):
             raise SexpgpuError(
                 "E-FORM-005",
-                f"`{source.name}` reads a {source.suffix} file, found {text!r}",
+                f"`{source.name}` reads a {source.suffix} file, found {show_value(text)}",
                 rest[0].span,
                 hint=f"write {source.usage}",
             )

@@ -6,7 +6,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sexpgpu.commands.check import render_report
+from sexpgpu.commands.check import LANGUAGE_SECTIONS, render_report
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang import load_experiment, load_experiment_text
 
@@ -20,13 +20,13 @@ FAST = settings(
 
 
 def outcome(text, variant=None):
-    """Load `text`; on success describe it as `check` would, on error render it."""
+    """Load `text`, then describe it (`check`'s language sections) or render its error."""
     try:
         exp = load_experiment_text(text, "fuzz.lisp", variant)
     except SexpgpuError as err:
         assert err.render().startswith(f"error[{err.code}]: ")
         return err.code
-    render_report(exp, list(exp.runs.values()))
+    render_report(exp, list(exp.runs.values()), LANGUAGE_SECTIONS)
     return "ok"
 
 

@@ -1,5 +1,6 @@
 """`sexpgpu doctor`: the floor for cpu and cuda, from real and made-up hosts."""
 
+import os
 import subprocess
 import sys
 
@@ -69,14 +70,15 @@ def test_a_bad_device_name_is_reported_not_raised(capsys):
 
 
 def test_no_traceback_from_the_command_line():
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
     done = subprocess.run(
         [sys.executable, "-m", "sexpgpu", "doctor", "--device", "cuda"],
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "SEXPGPU_DEVICES": "0,x"},
+        env={**environ, "SEXPGPU_DEVICES": "0,x"},
         timeout=120,
     )
-    assert done.returncode == (0 if probe().gpus else 1)
+    assert done.returncode == 1
     assert "Traceback" not in done.stdout + done.stderr
     assert "SEXPGPU_DEVICES='0,x' does not parse" in done.stdout
 

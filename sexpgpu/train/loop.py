@@ -25,9 +25,12 @@ from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.checkpoint import Checkpoint, Location, load_checkpoint
+from sexpgpu.train.data import make_loader
 from sexpgpu.train.metrics import MetricsLog, write_status
+from sexpgpu.train.optim import make_optimizer
 from sexpgpu.train.rank import RankLoop
 from sexpgpu.train.reports import RunSummary, StepReport
+from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
 
 __all__ = ["RunSummary", "StepReport", "Trainer"]
@@ -99,6 +102,21 @@ class Trainer:
         """Train to ``settings.steps``; return how it ended."""
         from sexpgpu.runtime.group import DeviceGroup
 
+        # Data and checkpoint problems surface before the run directory is touched.
+        s = self.settings
+        loaders = [
+            make_loader(
+                self.data,
+                batch=s.batch,
+                microbatches=s.microbatches,
+                seed=s.seed,
+                rank=rank,
+                ranks=len(self.devices),
+            )
+            for rank in range(len(self.devices))
+        ]
+        make_optimizer(s.optimizer, {}, {})  # unknown names and options
+        make_schedule(s.schedule, 1.0, s.steps)
         ckpt = self._load_resume()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         metrics = MetricsLog(self.run_dir / "metrics.jsonl", ckpt.step if ckpt else None)
@@ -109,7 +127,9 @@ class Trainer:
                     metrics.annotate(ckpt.step, f"checkpoint: skipped damaged {message}")
             group = DeviceGroup(self.devices)
             started = time.perf_counter()
-            results = group.run(lambda ctx: RankLoop(self, ctx, ckpt, metrics).run())
+            results = group.run(
+                lambda ctx: RankLoop(self, ctx, loaders[ctx.rank], ckpt, metrics).run()
+            )
         except BaseException:
             self._status(metrics, state="failed")
             raise

@@ -18,7 +18,7 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.checkpoint import Checkpoint, save_checkpoint
-from sexpgpu.train.data import make_loader
+from sexpgpu.train.data import Loader
 from sexpgpu.train.metrics import REDUCERS, MetricsLog
 from sexpgpu.train.optim import Optimizer, clip_by_global_norm, global_norm, make_optimizer
 from sexpgpu.train.reports import RunSummary, StepReport
@@ -46,19 +46,19 @@ def _digest(params: Mapping[str, np.ndarray]) -> str:
 class RankLoop:
     """One rank's share of a run (rank 0 also writes the records)."""
 
-    def __init__(self, trainer: Trainer, ctx: Any, ckpt: Checkpoint | None, metrics: MetricsLog):
+    def __init__(
+        self,
+        trainer: Trainer,
+        ctx: Any,
+        loader: Loader,
+        ckpt: Checkpoint | None,
+        metrics: MetricsLog,
+    ) -> None:
         s = trainer.settings
         self.t, self.ctx, self.s, self.metrics = trainer, ctx, s, metrics
         self.lead = ctx.rank == 0
         self.program = trainer.make_program(ctx.rank)
-        self.loader = make_loader(
-            trainer.data,
-            batch=s.batch,
-            microbatches=s.microbatches,
-            seed=s.seed,
-            rank=ctx.rank,
-            ranks=ctx.size,
-        )
+        self.loader = loader
         info = self.program.params
         self.optimizer: Optimizer = make_optimizer(
             s.optimizer,

@@ -210,3 +210,35 @@ def test_a_diverging_loss_is_e_train_002(tmp_path):
         Trainer(lambda r: Nan(batch=16), DIGITS, s, tmp_path / "nan", experiment_hash="h").run()
     assert info.value.code == "E-TRAIN-002"
     assert json.loads((tmp_path / "nan" / "status.json").read_text())["state"] == "failed"
+
+
+def test_ranks_whose_parameters_differ_write_no_checkpoint(tmp_path):
+    class Skewed(Mlp):
+        def __init__(self, rank, **kw):
+            super().__init__(**kw)
+            self.rank = rank
+
+        def init_params(self, seed):
+            return super().init_params(seed + self.rank)
+
+    s = _settings(steps=2, microbatches=2, checkpoint_every=2, checkpoint_location="ck")
+    trainer = Trainer(
+        lambda rank: Skewed(rank, batch=16),
+        DIGITS,
+        s,
+        tmp_path / "skew",
+        experiment_hash="h",
+        devices=("cpu:0", "cpu:1"),
+    )
+    with pytest.raises(SexpgpuError) as info:
+        trainer.run()
+    assert info.value.code == "E-DP-004"
+    assert not (tmp_path / "skew" / "ck").exists()
+
+
+def test_bad_settings_fail_before_the_run_directory_exists(tmp_path):
+    s = _settings(optimizer=Spec("adam", {"lr": 1e-3}))
+    with pytest.raises(SexpgpuError) as info:
+        _trainer(tmp_path, s, name="never").run()
+    assert info.value.code == "E-TRAIN-001"
+    assert not (tmp_path / "never").exists()

@@ -117,3 +117,40 @@ def test_s3_locations_round_trip_and_fall_back(s3_endpoint):
     _same(_ckpt(2), got)
     assert got.skipped
     _same(_ckpt(2), load_checkpoint("s3://sexpgpu-ckpt/runs/a/step-2", options))
+
+
+def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
+    from standin_program import Data, Mlp, Spec
+
+    from sexpgpu.train.loop import Trainer
+    from sexpgpu.train.settings import RunSettings
+
+    options = {"client_kwargs": {"endpoint_url": s3_endpoint}, "skip_instance_cache": True}
+
+    def trainer(steps, resume=None, out="run"):
+        s = RunSettings(
+            steps=steps,
+            batch=8,
+            microbatches=1,
+            seed=0,
+            optimizer=Spec("adamw", {"lr": 1e-2}),
+            checkpoint_every=3,
+            checkpoint_location=f"s3://sexpgpu-ckpt/{out}",
+        )
+        return Trainer(
+            lambda r: Mlp(batch=8),
+            Data("d", "digits", options={"split": 0.9}),
+            s,
+            tmp_path / out,
+            experiment_hash="h",
+            resume=resume,
+            storage_options=options,
+        )
+
+    trainer(3).run()
+    resumed = trainer(6, resume="latest").run()
+    whole = trainer(6, out="whole").run()
+    assert resumed.resumed_from == 3
+    for k in whole.params:
+        assert np.array_equal(whole.params[k], resumed.params[k])
+    assert Location("s3://sexpgpu-ckpt/run", options).steps() == [6, 3]

@@ -126,16 +126,24 @@ def _defdata(form: ListNode, builder: Builder) -> None:
             hint=f"sources: {', '.join(s.usage for s in SOURCES.values())}",
         )
     source, path, options = _source(form.items[2], builder, where)
-    args = keyword_args(form.items[3:], ("seq", "split") if source.stream else ("split",), where)
+    args = keyword_args(form.items[3:], ("seq", "split"), where)
     env = builder.params
+    if source.stream and "seq" not in args:
+        raise SexpgpuError(
+            "E-FORM-003",
+            f"{where} needs `:seq`: a stream is cut into rows of :seq tokens",
+            form.span,
+            hint=f"write (defdata {name.name} {source.usage} :seq 256)",
+        )
+    if not source.stream and "seq" in args:
+        streams = ", ".join(s.name for s in SOURCES.values() if s.stream)
+        raise SexpgpuError(
+            "E-FORM-003",
+            f"`:seq` does not apply to `{source.name}` in {where}",
+            args["seq"][0].span,
+            hint=f"only streams ({streams}) are cut into rows; remove :seq",
+        )
     if source.stream:
-        if "seq" not in args:
-            raise SexpgpuError(
-                "E-FORM-003",
-                f"{where} needs `:seq`: a stream is cut into rows of :seq tokens",
-                form.span,
-                hint=f"write (defdata {name.name} {source.usage} :seq 256)",
-            )
         options["seq"] = integer(args["seq"][1], env, f"`:seq` of {where}", minimum=1)
     split = DEFAULT_SPLIT
     if "split" in args:

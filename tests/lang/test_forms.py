@@ -325,3 +325,21 @@ def test_a_file_without_runs():
 def test_empty_text_is_an_empty_experiment():
     exp = load("; nothing here\n")
     assert (dict(exp.params), dict(exp.runs), exp.path) == ({}, {}, Path("exp.lisp"))
+
+
+def test_registries_match_the_definitions():
+    from dataclasses import fields
+
+    from sexpgpu.lang import RunDef
+    from sexpgpu.lang.forms import SPECIAL_FORMS
+    from sexpgpu.lang.runs import RUN_KEYS
+
+    assert set(RUN_KEYS) == {f.name for f in fields(RunDef)} - {"name", "span"}
+    assert set(SPECIAL_FORMS) == {
+        "defparams",
+        "defvariant",
+        "defdata",
+        "defn",
+        "defmodel",
+        "defrun",
+    }

@@ -89,6 +89,7 @@ CODES: dict[str, str] = {
     "E-SHAPE-008": "concat: shapes differ off the concatenation axis",
     "E-SHAPE-009": "take or scatter: indices not int32, or shapes disagree",
     "E-SHAPE-010": "cross-entropy: logits and targets disagree",
+    "E-SHAPE-011": "attention: queries, keys and values differ in shape",
     # tracing model bodies
     "E-TRACE-001": "unknown function in a model or loss",
     "E-TRACE-002": "unknown name in a model or loss, or a function used as a value",

@@ -30,6 +30,8 @@ from sexpgpu.ir.rules import SHAPE_RULES
 __all__ = [
     "abs",
     "add",
+    "attention",
+    "attention_grad",
     "broadcast_to",
     "cast",
     "concat",
@@ -367,3 +369,29 @@ def cross_entropy(logits: Node, targets: Node, span: Span | None = None) -> Node
 def cross_entropy_grad(logits: Node, targets: Node, g: Node, span: Span | None = None) -> Node:
     """``g[..., None] * (softmax(logits) - onehot(targets))``: cross-entropy's VJP."""
     return emit(Op.CROSS_ENTROPY_GRAD, logits, targets, g, span=span)
+
+
+def attention(
+    q: Node,
+    k: Node,
+    v: Node,
+    causal: builtins.bool,
+    scale: builtins.float | None = None,
+    span: Span | None = None,
+) -> Node:
+    """``softmax(q k^T * scale [+ causal mask]) v`` over the last two axes, fused.
+
+    `q`, `k`, `v` share one shape ``[..., seq, dim]`` (e.g. ``[batch heads
+    seq dim]``); `scale` defaults to ``dim ** -0.5``. With `causal`, position
+    ``i`` attends to positions ``j <= i``. The attention weights are never
+    stored: the VJP recomputes them.
+    """
+    scale = q.shape[-1] ** -0.5 if scale is None and q.ndim else scale
+    return emit(Op.ATTENTION, q, k, v, span=span, causal=causal, scale=scale)
+
+
+def attention_grad(
+    q: Node, k: Node, v: Node, g: Node, causal: builtins.bool, scale: builtins.float, span=None
+) -> Node:
+    """The VJP of `attention`: ``[dq, dk, dv]`` stacked on a new first axis of size 3."""
+    return emit(Op.ATTENTION_GRAD, q, k, v, g, span=span, causal=causal, scale=scale)

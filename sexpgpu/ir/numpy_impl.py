@@ -307,3 +307,50 @@ def _cross_entropy_grad(
         rows[np.arange(hi - lo), ids[lo:hi]] -= 1
         rows *= scale[lo:hi]
     return result
+
+
+def _weights(q, k, scale: float, bias: np.ndarray | None) -> np.ndarray:
+    """softmax(q k^T * scale + bias) for one [seq dim] slice: [seq seq], made in place."""
+    w = np.matmul(q, k.T)
+    w *= scale
+    if bias is not None:
+        w += bias
+    w -= w.max(axis=1, keepdims=True)
+    np.exp(w, out=w)
+    w /= w.sum(axis=1, keepdims=True)
+    return w
+
+
+def _causal_bias(node: Node, seq: int, dtype: np.dtype) -> np.ndarray | None:
+    if not node.attrs["causal"]:
+        return None
+    return np.triu(np.full((seq, seq), -np.inf, dtype=dtype), 1)
+
+
+@impl_rule(Op.ATTENTION)
+def _attention(node: Node, q, k, v, out: Out = None) -> np.ndarray:
+    # One [seq seq] weight matrix at a time: it stays in cache and is never stored.
+    scale, bias = node.attrs["scale"], _causal_bias(node, q.shape[-2], q.dtype)
+    result = np.empty(node.shape, dtype=q.dtype)
+    for i in np.ndindex(q.shape[:-2]):
+        np.matmul(_weights(q[i], k[i], scale, bias), v[i], out=result[i])
+    return result
+
+
+@impl_rule(Op.ATTENTION_GRAD)
+def _attention_grad(node: Node, q, k, v, g, out: Out = None) -> np.ndarray:
+    # Recompute the weights w; dv = w^T g; ds = w * (g v^T - rowsum(w * g v^T));
+    # dq = ds k * scale; dk = ds^T q * scale.
+    scale, bias = node.attrs["scale"], _causal_bias(node, q.shape[-2], q.dtype)
+    result = np.empty(node.shape, dtype=q.dtype)
+    dq, dk, dv = result
+    for i in np.ndindex(q.shape[:-2]):
+        w = _weights(q[i], k[i], scale, bias)
+        np.matmul(w.T, g[i], out=dv[i])
+        ds = np.matmul(g[i], v[i].T)
+        ds -= np.einsum("ij,ij->i", ds, w)[:, None]
+        ds *= w
+        ds *= scale
+        np.matmul(ds, k[i], out=dq[i])
+        np.matmul(ds.T, q[i], out=dk[i])
+    return result

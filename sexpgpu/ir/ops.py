@@ -4,7 +4,8 @@ Every op has a shape/dtype rule, a NumPy implementation and a VJP in the
 tables of `sexpgpu.ir.rules` (or sits in an explicit exemption set there).
 Layers such as ``gelu`` or ``layernorm`` are composed from these ops by the
 tracer; the few fused ops (softmax, log-softmax, cross-entropy and their
-gradients) exist so that the [batch seq vocab] logits need no temporaries.
+gradients, attention and its gradient) exist so that the [batch seq vocab]
+logits and the [batch heads seq seq] attention weights are never stored whole.
 
 Attributes per op (in ``Node.attrs``):
 
@@ -24,6 +25,7 @@ PAD                 axis: int, before: int, after: int (zeros)
 CONCAT              axis: int
 SCATTER_ADD         rows: int (first axis of the result)
 SOFTMAX, ...        axis: int (SOFTMAX, LOG_SOFTMAX, SOFTMAX_GRAD)
+ATTENTION, ..._GRAD causal: bool, scale: float
 ==================  ==========================================================
 """
 
@@ -98,6 +100,8 @@ class Op(Enum):
     SOFTMAX_GRAD = auto()
     CROSS_ENTROPY = auto()
     CROSS_ENTROPY_GRAD = auto()
+    ATTENTION = auto()
+    ATTENTION_GRAD = auto()
 
     @property
     def label(self) -> str:
@@ -134,7 +138,15 @@ MOVEMENT = frozenset(
 VIEW = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST_TO, Op.SLICE})
 PRODUCT = frozenset({Op.MATMUL})
 FUSED = frozenset(
-    {Op.SOFTMAX, Op.LOG_SOFTMAX, Op.SOFTMAX_GRAD, Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD}
+    {
+        Op.SOFTMAX,
+        Op.LOG_SOFTMAX,
+        Op.SOFTMAX_GRAD,
+        Op.CROSS_ENTROPY,
+        Op.CROSS_ENTROPY_GRAD,
+        Op.ATTENTION,
+        Op.ATTENTION_GRAD,
+    }
 )
 
 assert frozenset(Op) == LEAF | ELEMENTWISE | REDUCE | MOVEMENT | PRODUCT | FUSED

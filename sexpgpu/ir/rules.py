@@ -51,6 +51,7 @@ VJP_EXEMPT = frozenset(
         Op.EQ,
         Op.SOFTMAX_GRAD,
         Op.CROSS_ENTROPY_GRAD,
+        Op.ATTENTION_GRAD,
     }
 )
 

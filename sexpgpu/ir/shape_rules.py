@@ -374,3 +374,22 @@ def _cross_entropy_grad(
     _targets(op, logits, targets, span)
     assert g.shape == targets.shape and g.dtype == logits.dtype, (logits, g)
     return logits.dtype, logits.shape, attrs
+
+
+@shape_rule(Op.ATTENTION, Op.ATTENTION_GRAD)
+def _attention(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
+    q, k, v = inputs[:3]
+    dtype = _same_dtype(op, inputs, span)
+    _dtype_in(op, q, FLOATS, span)
+    if q.ndim < 2 or not q.shape == k.shape == v.shape:
+        listed = ", ".join(format_shape(x.shape) for x in (q, k, v))
+        raise _fail(
+            "E-SHAPE-011",
+            f"attention: queries, keys and values must share one shape [... seq dim]: {listed}",
+            span,
+            "split heads the same way for all three, e.g. [batch heads seq dim]",
+        )
+    if op is Op.ATTENTION_GRAD:
+        assert inputs[3].shape == q.shape, inputs
+    attrs = {"causal": bool(attrs["causal"]), "scale": float(attrs["scale"])}
+    return dtype, q.shape if op is Op.ATTENTION else (3, *q.shape), attrs

@@ -268,3 +268,13 @@ def _log_softmax(node: Node, g: Node, needs: Needs) -> Grads:
 def _cross_entropy(node: Node, g: Node, needs: Needs) -> Grads:
     logits, targets = node.inputs
     return b.cross_entropy_grad(logits, targets, g, span=node.span), None
+
+
+@vjp_rule(Op.ATTENTION)
+def _attention(node: Node, g: Node, needs: Needs) -> Grads:
+    s, shape = node.span, node.shape
+    stacked = b.attention_grad(*node.inputs, g, **node.attrs, span=s)
+    return tuple(
+        b.reshape(b.slice(stacked, 0, i, i + 1, span=s), shape, span=s) if need else None
+        for i, need in enumerate(needs)
+    )

@@ -47,6 +47,7 @@ def test_matmul_error_names_both_shapes_at_the_span():
         (lambda: b.take(f32("t", 5, 3), f32("i", 4)), "E-SHAPE-009"),
         (lambda: b.cross_entropy(f32("l", 4, 5), b.input("t", (5,), "int32")), "E-SHAPE-010"),
         (lambda: b.broadcast_to(f32("a", 2, 3), (3, 3)), "E-SHAPE-001"),
+        (lambda: b.attention(f32("q", 2, 4), f32("k", 3, 4), f32("v", 3, 4), True), "E-SHAPE-011"),
     ],
 )
 def test_shape_errors_have_codes_and_hints(make, code):

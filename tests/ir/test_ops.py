@@ -33,6 +33,16 @@ def _ce_grad(logits, t, g):
     return g[..., None] * (torch.softmax(logits, -1) - onehot)
 
 
+def _sdpa(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.7)
+
+
+def _sdpa_grad(q, k, v, g):
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    (_sdpa(q, k, v, True) * g).sum().backward()
+    return torch.stack([q.grad, k.grad, v.grad])
+
+
 # (case id, ops covered, build, torch_fn, args, differentiable)
 CASES = [
     ("neg", {Op.NEG}, b.neg, torch.neg, [A((3, 4))], True),
@@ -200,6 +210,30 @@ CASES = [
         b.cross_entropy_grad,
         _ce_grad,
         [A((4, 6)), A((4,), "int6"), A((4,))],
+        False,
+    ),
+    (
+        "attention-causal",
+        {Op.ATTENTION},
+        lambda q, k, v: b.attention(q, k, v, causal=True, scale=0.7),
+        lambda q, k, v: _sdpa(q, k, v, True),
+        [A((2, 2, 5, 3)), A((2, 2, 5, 3)), A((2, 2, 5, 3))],
+        True,
+    ),
+    (
+        "attention",
+        {Op.ATTENTION},
+        lambda q, k, v: b.attention(q, k, v, causal=False, scale=0.7),
+        lambda q, k, v: _sdpa(q, k, v, False),
+        [A((4, 3)), A((4, 3)), A((4, 3))],
+        True,
+    ),
+    (
+        "attention-grad",
+        {Op.ATTENTION_GRAD},
+        lambda q, k, v, g: b.attention_grad(q, k, v, g, causal=True, scale=0.7),
+        _sdpa_grad,
+        [A((3, 4, 2)), A((3, 4, 2)), A((3, 4, 2)), A((3, 4, 2))],
         False,
     ),
     (

@@ -168,3 +168,58 @@ def test_doctor_meets_the_cuda_floor(capsys, monkeypatch):
     assert "  ok    GPU 0 " in out and "capability" in out
     assert out.endswith("the cuda floor is met\n")
     assert np.all([" FAIL " not in line for line in out.splitlines()])
+
+
+NCCL_WORKER = r"""
+import json, sys
+import torch
+from sexpgpu.runtime.config import RuntimeConfig
+from sexpgpu.runtime.nodes import GradientCarry, NodeLink
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+config = RuntimeConfig(device="cuda", devices=(0,), nodes=2, node_rank=rank,
+                       rendezvous=("127.0.0.1", port))
+link = NodeLink.open(config, {"experiment": "e"}, timeout=120)
+gen = torch.Generator().manual_seed(rank)
+grads = [torch.randn(33, 7, generator=gen).cuda(), torch.randn(5, generator=gen).cuda()]
+summed = link.sum(grads, GradientCarry())
+assert all(s.device.type == "cuda" for s in summed)
+link.close()
+print(json.dumps([[g.cpu().tolist() for g in grads], [s.cpu().tolist() for s in summed]]))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_nodes_over_nccl_sum_like_one_node_of_two_gpus():
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", NCCL_WORKER, str(rank), str(port)],
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    (g0, s0), (g1, s1) = [json.loads(out) for out, _ in outs]
+    # One node of two GPUs: the DeviceGroup's all-reduce of the same gradients.
+    group = DeviceGroup(["cuda:0", "cuda:1"])
+    host = [[torch.tensor(x) for x in g] for g in (g0, g1)]
+    one_node = group.run(
+        lambda ctx: [
+            t.cpu() for t in ctx.all_reduce([x.cuda(ctx.device.index) for x in host[ctx.rank]])
+        ]
+    )[0]
+    for summed in (s0, s1):
+        for got, want in zip(summed, one_node, strict=True):
+            assert torch.equal(torch.tensor(got), want)

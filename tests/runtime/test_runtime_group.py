@@ -302,3 +302,21 @@ def test_all_reduce_promotes_and_broadcasts_as_numpy_does():
     for result in results:
         assert result.dtype == np.float64 and result.tobytes() == reference.tobytes()
     assert np.array_equal(data[0], np.ones((1, 3)))  # inputs are never written
+
+
+@pytest.mark.timeout(60)
+def test_a_failure_inside_a_collective_aborts_the_group():
+    seen = {}
+
+    def step(ctx):
+        shape = (3,) if ctx.rank != 2 else (4,)  # rank 0's sum fails on rank 2's part
+        try:
+            return ctx.all_reduce(np.ones(shape))
+        except GroupAborted as err:
+            seen[ctx.rank] = err.failed_rank
+            raise
+
+    with pytest.raises(ValueError, match="broadcast") as info:
+        cpu_group(4, timeout=60).run(step)
+    assert info.value.__notes__ == ["raised on rank 0 (cpu:0) of 4"]
+    assert seen == {1: 0, 2: 0, 3: 0}

@@ -213,12 +213,19 @@ def _relu(cx: Call) -> Node:
 
 
 def gelu_tanh(x: Node, span) -> Node:
-    """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``: gelu's tanh form."""
-    c = math.sqrt(2.0 / math.pi)
-    cube = b.mul(scale(b.mul(x, x, span=span), 0.044715, span), x, span=span)
-    inner = scale(b.add(x, cube, span=span), c, span)
-    one = b.constant(1.0, x.dtype, span=span)
-    return b.mul(scale(x, 0.5, span), b.add(one, b.tanh(inner, span=span), span=span), span=span)
+    """gelu's tanh form, ``0.5 x (1 + tanh(u))`` with ``u = sqrt(2/pi) (x + 0.044715 x^3)``.
+
+    Written ``x * sigmoid(2u)`` (the same function), ``2u = x (a + b x^2)``:
+    six elementwise ops, and the backward keeps three values of x's shape
+    (x, ``a + b x^2`` and the sigmoid) instead of five.
+    """
+    a = 2.0 * math.sqrt(2.0 / math.pi)
+    slope = b.add(scale(b.mul(x, x, span=span), a * 0.044715, span), _const(a, x), span=span)
+    return b.mul(x, b.sigmoid(b.mul(x, slope, span=span), span=span), span=span)
+
+
+def _const(value: float, like: Node) -> Node:
+    return b.constant(value, like.dtype, span=like.span)
 
 
 @entry("gelu", "(gelu x)")

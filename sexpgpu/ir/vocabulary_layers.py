@@ -136,10 +136,15 @@ def _attention(cx: Call) -> Node:
     v = b.transpose(project("v"), (0, 2, 1, 3), span=span)  # (N H S D)
     scores = b.matmul(q, kt, span=span)  # (N H S S)
     if causal:
+        # An additive mask (0 on and below the diagonal, -inf above): its
+        # gradient with respect to the scores is the identity, so the
+        # backward needs no op over the (N H S S) scores for it.
         row = b.iota((seq, seq), 0, DType.INT32, span=span)
         col = b.iota((seq, seq), 1, DType.INT32, span=span)
+        zero = b.constant(0.0, scores.dtype, span=span)
         hidden = b.constant(float("-inf"), scores.dtype, span=span)
-        scores = b.where(b.le(col, row, span=span), scores, hidden, span=span)
+        mask = b.where(b.le(col, row, span=span), zero, hidden, span=span)  # (S S)
+        scores = b.add(scores, mask, span=span)
     y = b.matmul(b.softmax(scores, -1, span=span), v, span=span)  # (N H S D)
     y = b.reshape(b.transpose(y, (0, 2, 1, 3), span=span), (*x.shape[:-1], width), span=span)
     wo, bo = cx.param("wo", (width, width), _XAVIER), cx.param("bo", (width,), _ZEROS)

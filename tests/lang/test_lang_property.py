@@ -15,7 +15,11 @@ EXAMPLES = [
 ]
 LANGUAGE_CHARS = '()[]:;"\\ \n\t-+*/.,#@ 0123456789eE abcdefghijklmnopqrstuvwxyz'
 FAST = settings(
-    max_examples=50, deadline=2000, suppress_health_check=[HealthCheck.too_slow], database=None
+    derandomize=True,
+    max_examples=50,
+    deadline=2000,
+    suppress_health_check=[HealthCheck.too_slow],
+    database=None,
 )
 
 

@@ -42,15 +42,14 @@ def environment_labels(k: int, head: str, side: str) -> Labels:
 def _as_matrix(
     x: np.ndarray, labels: Labels, rows: Sequence[str], cols: Sequence[str]
 ) -> np.ndarray:
-    """View ``x`` as a ``(rows, cols)`` matrix, copying only when the layout needs it."""
+    """View ``x`` as a ``(rows, cols)`` matrix.
+
+    NumPy copies only when the axes of a group cannot merge; a transposed
+    matrix stays a view, which BLAS takes as it is.
+    """
     dims = dict(zip(labels, x.shape, strict=True))
-    n_rows, n_cols = prod(dims[a] for a in rows), prod(dims[a] for a in cols)
-    if labels == (*rows, *cols) and x.flags.c_contiguous:
-        return x.reshape(n_rows, n_cols)
-    if labels == (*cols, *rows) and x.flags.c_contiguous:
-        return x.reshape(n_cols, n_rows).T  # a transposed view: BLAS takes it as is
     perm = [labels.index(a) for a in (*rows, *cols)]
-    return np.ascontiguousarray(x.transpose(perm)).reshape(n_rows, n_cols)
+    return x.transpose(perm).reshape(prod(dims[a] for a in rows), prod(dims[a] for a in cols))
 
 
 def pair(
@@ -85,12 +84,9 @@ def pair(
         result = np.dot(_as_matrix(a, la, free_a, contract), _as_matrix(b, lb, contract, free_b))
         return result.reshape([dims[x] for x in out]), out
     n_batch = prod(dims[x] for x in batch)
-    am = _as_matrix(a, la, batch, (*free_a, *contract)).reshape(
-        n_batch, prod(dims[x] for x in free_a), prod(dims[x] for x in contract)
-    )
-    bm = _as_matrix(b, lb, batch, (*contract, *free_b)).reshape(
-        n_batch, prod(dims[x] for x in contract), prod(dims[x] for x in free_b)
-    )
+    n_a, n_k, n_b = (prod(dims[x] for x in group) for group in (free_a, contract, free_b))
+    am = a.transpose([la.index(x) for x in (*batch, *free_a, *contract)]).reshape(n_batch, n_a, n_k)
+    bm = b.transpose([lb.index(x) for x in (*batch, *contract, *free_b)]).reshape(n_batch, n_k, n_b)
     return np.matmul(am, bm).reshape([dims[x] for x in out]), out
 
 
@@ -125,6 +121,15 @@ def env_step(env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]) ->
         Columns of ``C_{j+1}``, shape ``(b, r_0, ..., r_{k-1})``.
     """
     k = len(cores)
+    if k > 1:
+        # Fold the test tensor into a thin end layer (an MPO of small bond) when
+        # that is smaller than a column of the environment.
+        up, down = omega.shape[1:]
+        top = prod(cores[0].shape[:2]) * cores[0].shape[3] * down
+        bottom = prod(cores[-1].shape[:3]) * up
+        if min(top, bottom) < prod(env.shape[1:]):
+            fold = _env_step_thin_top if top <= bottom else _env_step_thin_bottom
+            return fold(env, omega, cores)
     x, lx = env, environment_labels(k, "s", "l")
     down = f"x{k}"
     # A trivial lower leg (an MPS last) is left to the end; otherwise the test
@@ -137,6 +142,59 @@ def env_step(env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]) ->
     if not early:
         x, lx = pair(x, lx, omega, ("s", "x0", down), batch=("s",))
     return arrange(x, lx, environment_labels(k, "s", "r"))
+
+
+def _env_step_thin_top(
+    env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]
+) -> np.ndarray:
+    """`env_step` when the top layer is thin (an MPO of small bond over a wide MPS).
+
+    ::
+
+        W = omega . G_0 over x_0         (s, x_k, l_0, r_0, x_1)    small
+        C_j . W over l_0, s shared        (s, l_1.., x_k, r_0, x_1)
+        then G_1 .. G_{k-1}, each one GEMM over (l_i, x_i[, x_k])
+    """
+    k = len(cores)
+    w, lw = pair(omega, ("s", "x0", f"x{k}"), cores[0], core_labels(0))
+    x, lx = pair(env, environment_labels(k, "s", "l"), w, lw, batch=("s",))
+    for i in range(1, k):
+        x, lx = pair(x, lx, cores[i], core_labels(i))
+    return arrange(x, lx, environment_labels(k, "s", "r"))
+
+
+def _env_step_thin_bottom(
+    env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]
+) -> np.ndarray:
+    """`env_step` when the bottom layer is thin (a wide MPO times a thin one).
+
+    ::
+
+        W = omega . G_{k-1} over x_k       (s, x_0, l_{k-1}, r_{k-1}, x_{k-1})   small
+        C_j . G_0 .. G_{k-2}, each one GEMM over (l_i[, x_i])
+        then . W over (l_{k-1}, x_0, x_{k-1}), s shared
+    """
+    k = len(cores)
+    w, lw = pair(omega, ("s", "x0", f"x{k}"), cores[-1], core_labels(k - 1))
+    x, lx = env, environment_labels(k, "s", "l")
+    for i in range(k - 1):
+        x, lx = pair(x, lx, cores[i], core_labels(i))
+    x, lx = pair(x, lx, w, lw, batch=("s",))
+    return arrange(x, lx, environment_labels(k, "s", "r"))
+
+
+def _chain_cost(start: dict[str, int], cores: Sequence[np.ndarray], order: Sequence[int]) -> int:
+    """Multiply-adds of contracting ``start`` with the cores in ``order``."""
+    dims, cost = dict(start), 0
+    for i in order:
+        core = dict(zip(core_labels(i), cores[i].shape, strict=True))
+        cost += prod(dims.values()) * prod(n for a, n in core.items() if a not in dims)
+        for a in core:
+            if a in dims:
+                del dims[a]
+            else:
+                dims[a] = core[a]
+    return cost
 
 
 def right_block(proj: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
@@ -164,7 +222,10 @@ def right_block(proj: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
     """
     k = len(cores)
     z, lz = proj, environment_labels(k, "e", "r")
-    for i in reversed(range(k)):
+    # Bottom-up or top-down, whichever needs fewer multiply-adds.
+    start = dict(zip(lz, proj.shape, strict=True))
+    orders = [list(reversed(range(k))), list(range(k))]
+    for i in min(orders, key=lambda order: _chain_cost(start, cores, order)):
         z, lz = pair(z, lz, cores[i], core_labels(i))
     return arrange(z, lz, ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:]))
 

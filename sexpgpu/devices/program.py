@@ -59,11 +59,21 @@ class ParamInfo:
 
 
 def matmul_flops(graph: Graph) -> int:
-    """Floating-point operations of the graph's matrix products: ``2 M N K`` each."""
+    """Floating-point operations of the graph's matrix products.
+
+    ``2 M N K`` per matmul; fused attention over ``[.. S D]`` counts its two
+    products, ``4 S S D`` per head, and its gradient the four of the
+    backward, ``8 S S D`` (the causal mask is not discounted, the recomputed
+    weights not counted: the usual model-FLOPs convention).
+    """
     total = 0
     for node in graph.nodes():
         if node.op is Op.MATMUL:
             total += 2 * node.size * node.inputs[0].shape[-1]
+        elif node.op in (Op.ATTENTION, Op.ATTENTION_GRAD):
+            q = node.inputs[0]
+            per_head = 4 if node.op is Op.ATTENTION else 8
+            total += per_head * q.size * q.shape[-2]  # (.. S D) * S
     return total
 
 

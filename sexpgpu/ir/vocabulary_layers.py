@@ -17,7 +17,8 @@ attention      wq wk wv wo ``[width width]``,    xavier, zeros
 Norms use ``:eps 1e-5``. ``attention`` is multi-head scaled dot-product
 self-attention: ``softmax(q k^T / sqrt(d)) v`` per head with ``d = width /
 heads``, masked to earlier positions when ``:causal true``, then the output
-projection.
+projection. The product is the IR's fused ATTENTION op, whose backward
+recomputes the weights, so no ``[seq seq]`` value is kept per layer.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ import math
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir import builder as b
-from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace_call import Call
 from sexpgpu.ir.trace_init import Init
-from sexpgpu.ir.vocabulary import entry, mean_over, scale
+from sexpgpu.ir.vocabulary import entry, mean_over
 
 __all__: list[str] = []
 
@@ -131,21 +131,9 @@ def _attention(cx: Call) -> Node:
         bias = cx.param(f"b{name}", (width,), _ZEROS)
         return b.reshape(_affine(x, w, bias, span), (lead, seq, heads, d), span=span)
 
-    q = b.transpose(scale(project("q"), 1.0 / math.sqrt(d), span), (0, 2, 1, 3), span=span)
-    kt = b.transpose(project("k"), (0, 2, 3, 1), span=span)  # (N H D S)
-    v = b.transpose(project("v"), (0, 2, 1, 3), span=span)  # (N H S D)
-    scores = b.matmul(q, kt, span=span)  # (N H S S)
-    if causal:
-        # An additive mask (0 on and below the diagonal, -inf above): its
-        # gradient with respect to the scores is the identity, so the
-        # backward needs no op over the (N H S S) scores for it.
-        row = b.iota((seq, seq), 0, DType.INT32, span=span)
-        col = b.iota((seq, seq), 1, DType.INT32, span=span)
-        zero = b.constant(0.0, scores.dtype, span=span)
-        hidden = b.constant(float("-inf"), scores.dtype, span=span)
-        mask = b.where(b.le(col, row, span=span), zero, hidden, span=span)  # (S S)
-        scores = b.add(scores, mask, span=span)
-    y = b.matmul(b.softmax(scores, -1, span=span), v, span=span)  # (N H S D)
+    q, k, v = (b.transpose(project(n), (0, 2, 1, 3), span=span) for n in "qkv")  # (N H S D)
+    # Fused: the (N H S S) weights are never stored; the backward recomputes them.
+    y = b.attention(q, k, v, causal, scale=1.0 / math.sqrt(d), span=span)  # (N H S D)
     y = b.reshape(b.transpose(y, (0, 2, 1, 3), span=span), (*x.shape[:-1], width), span=span)
     wo, bo = cx.param("wo", (width, width), _XAVIER), cx.param("bo", (width,), _ZEROS)
     return _affine(y, wo, bo, span)

@@ -106,7 +106,6 @@ def test_eval_step_gives_the_models_output() -> None:
     assert loss == pytest.approx(program.train_step(params, batch)[0], rel=1e-6)
 
 
-@pytest.mark.xfail(reason="constant folding of rank-0 bf16 constants (/work/notes/ir-requests.md)")
 def test_bf16_run_is_close_to_f32_with_f32_gradients() -> None:
     f32, bf16 = mlp_program("f32"), mlp_program("bf16")
     params, batch = f32.init_params(0), digits_batch(64)

@@ -127,3 +127,16 @@ def test_sgd_on_the_program_lowers_the_loss() -> None:
         loss, grads = program.train_step(params, batch)
         params = {k: v - np.float32(0.5) * grads[k] for k, v in params.items()}
     assert loss < 0.5 * first
+
+
+def test_gpt_flops_follow_the_model_flops_formula() -> None:
+    text = (EXAMPLES / "gpt.lisp").read_text()
+    text += "(defvariant tiny (layers 2) (width 32) (heads 4) (seq 16) (vocab 64) (batch 3))"
+    text = text.replace('(dtype "bf16")', '(dtype "f32")')
+    experiment = load_experiment_text(text, "gpt.lisp", variant="tiny")
+    program = compile_run(experiment, experiment.run())
+    rows, layers, w, s, v = 3 * 16, 2, 32, 16, 64
+    dense = layers * (4 * w * w + 2 * w * 4 * w) + w * v  # multiply-adds per row
+    attention = layers * s * w  # q k^T and w v, multiply-adds per row (each counted once)
+    # forward 2 FLOPs per multiply-add; backward twice the forward
+    assert program.flops_per_step == 3 * 2 * rows * dense + 3 * 2 * 2 * rows * attention

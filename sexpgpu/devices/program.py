@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from sexpgpu.devices.cpu import CpuProgram
+from sexpgpu.ir import builder as b
 from sexpgpu.ir.autodiff import training_graph
-from sexpgpu.ir.node import Graph
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.passes import optimize
 from sexpgpu.ir.trace import Trace, trace_run
@@ -111,6 +113,7 @@ class TrainingProgram:
         self.planned_peak_bytes = self._train.planned_peak_bytes
         self.flops_per_step = matmul_flops(train_graph)
         self.last_peak_bytes = 0
+        self._activations: CpuProgram | None = None
 
     @property
     def param_count(self) -> int:
@@ -143,6 +146,22 @@ class TrainingProgram:
         out = self._run(self._eval, params, batch)
         return float(out["loss"]), out.get("output", np.zeros(0, np.float32))
 
+    def activation_rms(
+        self, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
+        """Root mean square of each call's result on one microbatch, keyed by path.
+
+        The calls are the model (``gpt``), each defn call (``gpt/block.3``)
+        and each layer (``gpt/block.3/attention``); the graph is compiled on
+        first use.
+        """
+        if self._activations is None:
+            outputs = {path: _rms(node) for path, node in self.trace.activations.items()}
+            leaves = [*self.trace.inputs.values(), *self.trace.param_nodes.values()]
+            self._activations = CpuProgram(optimize(Graph.of(outputs, leaves), check=verify))
+        out = self._run(self._activations, params, batch)
+        return {path: float(value) for path, value in out.items()}
+
     def _run(
         self, program: CpuProgram, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
@@ -151,6 +170,14 @@ class TrainingProgram:
         out = program(feeds)
         self.last_peak_bytes = program.last_peak_bytes
         return out
+
+
+def _rms(node: Node) -> Node:
+    """``sqrt(mean(x * x))`` in f32."""
+    x = node if node.dtype == DType.F32 else b.cast(node, DType.F32, span=node.span)
+    total = b.sum(b.mul(x, x, span=x.span), None, span=x.span)
+    mean = b.mul(total, b.constant(1.0 / max(x.size, 1), DType.F32, span=x.span), span=x.span)
+    return b.sqrt(mean, span=x.span)
 
 
 def _f32(array: np.ndarray) -> np.ndarray:

@@ -92,6 +92,10 @@ class Trace:
         Path name -> PARAM node (always f32; bf16 runs cast at each use).
     dtype
         The run's compute dtype.
+    activations
+        Path -> the float result of each call that owns parameters (a defn
+        or a layer, ``gpt/block.3/attention``) and of the model (``gpt``):
+        what the activation-RMS diagnostic samples.
     """
 
     loss: Node
@@ -100,6 +104,7 @@ class Trace:
     params: Mapping[str, ParamSpec]
     param_nodes: Mapping[str, Node]
     dtype: DType
+    activations: Mapping[str, Node] = field(default_factory=dict)
 
 
 def trace_run(experiment: Experiment, run: RunDef) -> Trace:
@@ -139,7 +144,15 @@ def trace_run(experiment: Experiment, run: RunDef) -> Trace:
     if output is not None and output.dtype != DType.F32 and output.dtype in FLOATS:
         output = b.cast(output, DType.F32, span=output.span)
     log.debug("traced %s: %d parameters", run.name, len(tracer.params))
-    return Trace(loss, output, inputs, dict(tracer.params), dict(tracer.param_nodes), tracer.dtype)
+    return Trace(
+        loss,
+        output,
+        inputs,
+        dict(tracer.params),
+        dict(tracer.param_nodes),
+        tracer.dtype,
+        dict(tracer.activations),
+    )
 
 
 class _Tracer:
@@ -151,6 +164,7 @@ class _Tracer:
         self.params: dict[str, ParamSpec] = {}
         self.param_nodes: dict[str, Node] = {}
         self.model_output: Node | None = None
+        self.activations: dict[str, Node] = {}
         self.depth = 0
 
     # ------------------------------------------------------------ values
@@ -251,7 +265,8 @@ class _Tracer:
         if fn in self.experiment.functions:
             definition = self.experiment.functions[fn]
             args = self.positional(definition, items, span, env, scope, leading)
-            return self.apply_defn(definition, args, span, scope.claim(fn, numbered))
+            path = scope.claim(fn, numbered)
+            return self.record(path, self.apply_defn(definition, args, span, path))
         if fn in self.experiment.models:
             model = self.experiment.models[fn]
             args = self.positional(model, items, span, env, scope, leading)
@@ -259,12 +274,13 @@ class _Tracer:
         if fn in VOCABULARY:
             entry = VOCABULARY[fn]
             cx = self.arguments(entry, items, span, env, scope, leading)
-            if entry.layer:
-                path = scope.claim(fn, numbered)
-                cx.make_param = lambda pname, shape, init, at: self.make_param(
-                    f"{path}/{pname}", shape, init, at
-                )
-            return entry.fn(cx)
+            if not entry.layer:
+                return entry.fn(cx)
+            path = scope.claim(fn, numbered)
+            cx.make_param = lambda pname, shape, init, at: self.make_param(
+                f"{path}/{pname}", shape, init, at
+            )
+            return self.record(path, entry.fn(cx))
         raise SexpgpuError(
             "E-TRACE-001",
             f"unknown function `{fn}`",
@@ -313,7 +329,13 @@ class _Tracer:
         out = self.nested(model.name, span, lambda: self.eval(model.body, env, Scope(model.name)))
         if self.model_output is None and isinstance(out, Node):
             self.model_output = out
-        return out
+        return self.record(model.name, out)
+
+    def record(self, path: str, value: Value) -> Value:
+        """Keep a call's float tensor result as the activation at `path`."""
+        if isinstance(value, Node) and value.dtype in FLOATS:
+            self.activations.setdefault(path, value)
+        return value
 
     def nested(self, name: str, span: Span, thunk):
         self.depth += 1

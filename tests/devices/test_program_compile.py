@@ -140,3 +140,19 @@ def test_gpt_flops_follow_the_model_flops_formula() -> None:
     attention = layers * s * w  # q k^T and w v, multiply-adds per row (each counted once)
     # forward 2 FLOPs per multiply-add; backward twice the forward
     assert program.flops_per_step == 3 * 2 * rows * dense + 3 * 2 * 2 * rows * attention
+
+
+def test_activation_rms_of_every_call() -> None:
+    program = mlp_program(batch=8)
+    params, batch = program.init_params(0), digits_batch(8)
+    rms = program.activation_rms(params, batch)
+    hidden = batch["x"] @ params["mlp/linear/weight"] + params["mlp/linear/bias"]
+    logits = np.maximum(hidden, 0) @ params["mlp/linear.1/weight"] + params["mlp/linear.1/bias"]
+    want = {
+        "mlp/linear": np.sqrt(np.mean(hidden**2)),
+        "mlp/linear.1": np.sqrt(np.mean(logits**2)),
+        "mlp": np.sqrt(np.mean(logits**2)),
+    }
+    assert rms.keys() == want.keys()
+    for name, value in want.items():
+        assert rms[name] == pytest.approx(value, rel=1e-5)

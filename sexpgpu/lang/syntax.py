@@ -41,12 +41,24 @@ class Keyword:
     span: Span = field(compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Literal:
-    """An integer, float, string or boolean written in the text."""
+    """An integer, float, string or boolean written in the text.
+
+    Equal literals have equal values of the same type: ``1``, ``1.0`` and
+    ``true`` are three different literals, unlike in Python.
+    """
 
     value: int | float | str | bool
-    span: Span = field(compare=False, repr=False)
+    span: Span = field(repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Literal):
+            return NotImplemented
+        return type(self.value) is type(other.value) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), self.value))
 
 
 @dataclass(frozen=True, slots=True)

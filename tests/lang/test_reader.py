@@ -224,3 +224,10 @@ def test_nesting_is_bounded():
 def test_tabs_keep_the_caret_under_the_column():
     rendered = error("(a\t@)")
     assert rendered.splitlines()[3:5] == ["1 | (a @)", "  |    ^"]
+
+
+def test_literals_compare_by_type_and_value():
+    one, one_float, true, other_one = read("1 1.0 true 1")
+    assert one == other_one and hash(one) == hash(other_one)
+    assert one != one_float and one != true
+    assert len({one, one_float, true}) == 3

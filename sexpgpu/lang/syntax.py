@@ -22,7 +22,17 @@ from dataclasses import dataclass, field
 
 from sexpgpu.errors import Span
 
-__all__ = ["Keyword", "ListNode", "Literal", "Node", "Symbol", "Vector", "describe", "unparse"]
+__all__ = [
+    "Keyword",
+    "ListNode",
+    "Literal",
+    "Node",
+    "Symbol",
+    "Vector",
+    "describe",
+    "literal_text",
+    "unparse",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +110,13 @@ def unparse(node: Node) -> str:
     if isinstance(node, Keyword):
         return ":" + node.name
     if isinstance(node, Literal):
-        return _unparse_literal(node.value)
+        return literal_text(node.value)
     inner = " ".join(unparse(item) for item in node.items)
     return f"({inner})" if isinstance(node, ListNode) else f"[{inner}]"
 
 
-def _unparse_literal(value: int | float | str | bool) -> str:
+def literal_text(value: int | float | str | bool) -> str:
+    """A literal value as the language writes it: ``true``, ``"a\\"b"``, ``0.0006``, ``42``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.suggest import options_hint
-from sexpgpu.lang.syntax import ListNode, Literal, Node, Symbol, describe
+from sexpgpu.lang.syntax import ListNode, Literal, Node, Symbol, describe, literal_text, unparse
 
 __all__ = [
     "OPERATORS",
@@ -234,23 +234,17 @@ def type_name(value: object, article: bool = False) -> str:
 
 
 def show_value(value: object) -> str:
-    """A value as the language writes it: ``true``, ``"text"``, ``[0.9 0.95]``, ``6e-4``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    """A value as the language writes it: ``true``, ``"text"``, ``[0.9 0.95]``, ``0.0006``."""
     if isinstance(value, tuple):
         return "[" + " ".join(show_value(v) for v in value) + "]"
-    return repr(value)
+    return literal_text(value)
 
 
 # -- typed readers of settings ---------------------------------------------------
 
 
 def _wrong_type(node: Node, what: str, expected: str, value: Value) -> SexpgpuError:
-    found = f"{type_name(value)} {show_value(value)}"
-    if not isinstance(node, Literal):
-        found += f" (from `{_short(node)}`)"
+    found = f"{type_name(value)} {show_value(value)}{_origin(node)}"
     return SexpgpuError(
         "E-FORM-005",
         f"{what} must be {expected}, found {found}",
@@ -259,9 +253,12 @@ def _wrong_type(node: Node, what: str, expected: str, value: Value) -> SexpgpuEr
     )
 
 
-def _short(node: Node) -> str:
-    text = describe(node)
-    return text[text.index("`") + 1 : -1]
+def _origin(node: Node) -> str:
+    """Where a value came from, when not written out: `` (from `batch`)``."""
+    if isinstance(node, Literal):
+        return ""
+    text = unparse(node)
+    return f" (from `{text if len(text) <= 40 else text[:37] + '...'}`)"
 
 
 def integer(node: Node, env: Mapping[str, Value], what: str, minimum: int = 1) -> int:
@@ -334,10 +331,9 @@ def choice(node: Node, env: Mapping[str, Value], what: str, options: Collection[
 
 
 def _out_of_range(node: Node, what: str, value: Value, bounds: str) -> SexpgpuError:
-    source = "" if isinstance(node, Literal) else f" (from `{_short(node)}`)"
     return SexpgpuError(
         "E-FORM-005",
-        f"{what} must be {bounds}, found {show_value(value)}{source}",
+        f"{what} must be {bounds}, found {show_value(value)}{_origin(node)}",
         node.span,
         hint=f"give a value {bounds}",
     )

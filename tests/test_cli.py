@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 from sexpgpu.cli import main
 
@@ -16,3 +17,19 @@ def test_python_dash_m_runs_the_cli():
         [sys.executable, "-m", "sexpgpu", "--version"], capture_output=True, text=True, check=True
     )
     assert out.stdout.startswith("sexpgpu ")
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    # `sexpgpu explain ... | head -1`: the reader goes away long before the IR is printed.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sexpgpu", "explain", "examples/gpt.lisp"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=120) in (0, 141)
+    err = proc.stderr.read()
+    assert b"Traceback" not in err
+    assert b"internal error" not in err

@@ -74,3 +74,15 @@ def test_format_flops() -> None:
     assert format_flops(1.409e9) == "1.41 GFLOP"
     assert format_flops(2.5e14) == "250 TFLOP"
     assert format_flops(12) == "12 FLOP"
+
+
+def test_check_of_the_full_size_bf16_gpt(capsys) -> None:
+    assert main(["check", str(EXAMPLES / "gpt.lisp")]) == 0
+    out = capsys.readouterr().out
+    section = out.split("traced model: parameters, FLOPs, memory\n", 1)[1].splitlines()
+    assert section[0] == "  train (model gpt, dtype bf16)"
+    # 12 blocks of 12 w^2 + 13 w, the tied embedding, the positions, the last norm
+    w = 768
+    count = 12 * (12 * w * w + 13 * w) + 256 * w + 1024 * w + 2 * w
+    assert section[1] == f"    parameters: {count:,} in 196 tensors"
+    assert "gpt/block.11/linear.1/weight" in out

@@ -17,11 +17,15 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
+from sexpgpu.devices.cpu_split import evaluate_split, split_axis
 from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
@@ -39,6 +43,9 @@ _DONORS: dict[Op, tuple[int, ...]] = {
     **{op: (0, 1) for op in BINARY - COMPARISON},
     Op.WHERE: (1, 2),
     Op.SOFTMAX: (0,),
+    Op.LAYERNORM: (0,),
+    Op.LAYERNORM_GRAD: (1,),
+    Op.GELU_GRAD: (1,),
     Op.LOG_SOFTMAX: (0,),
     Op.SOFTMAX_GRAD: (1,),
     Op.CROSS_ENTROPY_GRAD: (0,),
@@ -51,6 +58,7 @@ class _Step:
     args: tuple[int, ...]  # schedule positions of the operands
     donor: int | None  # schedule position whose buffer receives the result
     frees: tuple[int, ...]  # schedule positions that die after this step
+    split: int | None  # the axis cut over the threads, if any
 
 
 class CpuProgram:
@@ -60,10 +68,14 @@ class CpuProgram:
     ----------
     graph
         The program. Its INPUT and PARAM nodes are fed by name.
+    threads
+        Threads that share a large elementwise or row-wise op (see
+        `sexpgpu.devices.cpu_split`); default: the cores this process may use.
     """
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, threads: int | None = None) -> None:
         self.graph = graph
+        self.threads = threads or min(8, len(os.sched_getaffinity(0)))
         self.order = graph.nodes()
         self._pos = {id(n): i for i, n in enumerate(self.order)}
         self._outputs = {name: self._pos[id(n)] for name, n in graph.outputs.items()}
@@ -87,6 +99,7 @@ class CpuProgram:
         for i, node in enumerate(self.order):
             args = tuple(self._pos[id(x)] for x in node.inputs)
             donor = self._donor(node, args, storage, owned, writable, buffer_last, i)
+            axis = split_axis(node, self.threads)
             if node.op in VIEW:
                 storage[i] = storage[args[0]]
                 writable[i] = node.op is not Op.BROADCAST_TO and writable[args[0]]
@@ -98,14 +111,16 @@ class CpuProgram:
                 writable[i] = owned[i]
                 nbytes[i] = _buffer_bytes(node)
             buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
-            steps.append(_Step(node, args, donor, ()))
+            steps.append(_Step(node, args, donor, (), axis))
         frees: list[list[int]] = [[] for _ in range(n)]
         for i in range(n):
             if 0 <= last[i] < n:
                 frees[last[i]].append(i)
             elif last[i] == -1:
                 frees[i].append(i)  # an unused fed leaf
-        steps = [_Step(s.node, s.args, s.donor, tuple(frees[i])) for i, s in enumerate(steps)]
+        steps = [
+            _Step(s.node, s.args, s.donor, tuple(frees[i]), s.split) for i, s in enumerate(steps)
+        ]
         return steps, _simulate_peak(self.order, storage, nbytes, buffer_last)
 
     @staticmethod
@@ -113,8 +128,11 @@ class CpuProgram:
         for k in _DONORS.get(node.op, ()):
             j = args[k]
             x = node.inputs[k]
+            # Another operand viewing the same buffer differently would be overwritten.
+            exclusive = all(a == j or storage[a] != storage[j] for a in args)
             if (
-                owned[storage[j]]
+                exclusive
+                and owned[storage[j]]
                 and writable[j]
                 and buffer_last[storage[j]] == i
                 and x.shape == node.shape
@@ -135,17 +153,15 @@ class CpuProgram:
         values: list[np.ndarray | None] = [None] * len(self.order)
         live = _LiveSet()
         fed_roots = set()
-        with np.errstate(all="ignore"):
+        splits = any(step.split is not None for step in self.steps)
+        pool = ThreadPoolExecutor(self.threads) if splits else nullcontext()
+        with np.errstate(all="ignore"), pool:
             for i, step in enumerate(self.steps):
-                node = step.node
-                if node.op in _FED:
-                    value = _feed(node, feeds)
+                if step.node.op in _FED:
+                    value = _feed(step.node, feeds)
                     fed_roots.add(id(_root(value)))
                 else:
-                    out = values[step.donor] if step.donor is not None else None
-                    if out is not None and not out.flags.writeable:
-                        out = None
-                    value = evaluate(node, *(values[j] for j in step.args), out=out)
+                    value = self._compute(step, values, pool)
                 values[i] = value
                 live.add(value)
                 for j in step.frees:
@@ -159,6 +175,15 @@ class CpuProgram:
                 value = np.array(value)
             result[name] = value
         return result
+
+    def _compute(self, step: _Step, values: list, pool) -> np.ndarray:
+        out = values[step.donor] if step.donor is not None else None
+        if out is not None and not out.flags.writeable:
+            out = None
+        args = tuple(values[j] for j in step.args)
+        if step.split is None:
+            return evaluate(step.node, *args, out=out)
+        return evaluate_split(step.node, args, out, pool, self.threads, step.split)
 
 
 def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -43,9 +43,13 @@ __all__ = [
     "eq",
     "exp",
     "ge",
+    "gelu",
+    "gelu_grad",
     "gt",
     "input",
     "iota",
+    "layernorm",
+    "layernorm_grad",
     "le",
     "log",
     "log_softmax",
@@ -395,3 +399,23 @@ def attention_grad(
 ) -> Node:
     """The VJP of `attention`: ``[dq, dk, dv]`` stacked on a new first axis of size 3."""
     return emit(Op.ATTENTION_GRAD, q, k, v, g, span=span, causal=causal, scale=scale)
+
+
+def layernorm(x: Node, eps: builtins.float = 1e-5, span: Span | None = None) -> Node:
+    """``(x - mean) / sqrt(var + eps)`` over the last axis, fused (no scale or shift)."""
+    return emit(Op.LAYERNORM, x, span=span, eps=eps)
+
+
+def layernorm_grad(x: Node, g: Node, eps: builtins.float, span: Span | None = None) -> Node:
+    """The VJP of `layernorm` at `x` for the cotangent `g` (statistics recomputed)."""
+    return emit(Op.LAYERNORM_GRAD, x, g, span=span, eps=eps)
+
+
+def gelu(x: Node, span: Span | None = None) -> Node:
+    """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, fused."""
+    return emit(Op.GELU, x, span=span)
+
+
+def gelu_grad(x: Node, g: Node, span: Span | None = None) -> Node:
+    """The VJP of `gelu` at `x` for the cotangent `g`."""
+    return emit(Op.GELU_GRAD, x, g, span=span)

@@ -16,7 +16,7 @@ from sexpgpu.ir.node import ConstArray, Node
 from sexpgpu.ir.ops import VIEW, Op
 from sexpgpu.ir.rules import IMPL_RULES, impl_rule
 
-__all__ = ["IMPL_EXEMPT", "evaluate"]
+__all__ = ["IMPL_EXEMPT", "evaluate", "stores_rounded"]
 
 Out = np.ndarray | None
 
@@ -47,12 +47,17 @@ def evaluate(node: Node, *args: np.ndarray, out: Out = None) -> np.ndarray:
     result = IMPL_RULES[node.op](node, *args, out=out)
     if not isinstance(result, np.ndarray):  # a ufunc of rank-0 arrays gives a NumPy scalar
         result = np.array(result, dtype=numpy_dtype(node.dtype))
-    if node.dtype is DType.BF16 and node.op not in _EXACT:
+    if stores_rounded(node):
         if not result.flags.writeable:
             result = result.copy()
         round_bf16(result)
     assert result.shape == node.shape, (node, result.shape)
     return result
+
+
+def stores_rounded(node: Node) -> bool:
+    """Whether `node`'s computed result must be rounded to bf16 when stored."""
+    return node.dtype is DType.BF16 and node.op not in _EXACT
 
 
 # ---------------------------------------------------------------- leaves
@@ -131,14 +136,16 @@ def _cast(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
 
 @impl_rule(Op.WHERE)
 def _where(node: Node, cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: Out = None):
-    # With `out` (the buffer of `a` or of `b`), overwrite only the other side's picks.
-    if out is a:
-        np.copyto(out, b, where=np.logical_not(cond))
-        return out
-    if out is b:
+    # Into `out`: when it is the buffer of `a` (or `b`), only the other side's picks move.
+    if out is None:
+        return np.where(cond, a, b)
+    if np.may_share_memory(out, b) and not np.may_share_memory(out, a):
         np.copyto(out, a, where=cond)
         return out
-    return np.where(cond, a, b)
+    if not np.may_share_memory(out, a):
+        np.copyto(out, a)
+    np.copyto(out, b, where=np.logical_not(cond))
+    return out
 
 
 # ---------------------------------------------------------------- reductions
@@ -240,6 +247,74 @@ def _blas_ready(x: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- fused
 
+_GELU_C = np.sqrt(2 / np.pi)
+_GELU_A = 0.044715
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """tanh(sqrt(2/pi) (x + 0.044715 x^3)) in a new array."""
+    t = np.multiply(x, x)
+    t *= _GELU_A
+    t += 1
+    t *= x
+    t *= _GELU_C
+    return np.tanh(t, out=t)
+
+
+@impl_rule(Op.GELU)
+def _gelu(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    t = _gelu_tanh(x)
+    t += 1
+    y = np.multiply(t, x, out=out)
+    y *= 0.5
+    return y
+
+
+@impl_rule(Op.GELU_GRAD)
+def _gelu_grad(node: Node, x: np.ndarray, g: np.ndarray, out: Out = None) -> np.ndarray:
+    # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    t = _gelu_tanh(x)
+    inner = np.multiply(x, x)
+    inner *= 3 * _GELU_A
+    inner += 1
+    inner *= x
+    inner *= 0.5 * _GELU_C
+    slope = np.multiply(t, t)
+    np.subtract(1, slope, out=slope)
+    slope *= inner
+    t += 1
+    t *= 0.5
+    slope += t
+    return np.multiply(g, slope, out=out)
+
+
+def _normalized(x: np.ndarray, eps: float, out: Out) -> tuple[np.ndarray, np.ndarray]:
+    """((x - mean) / sqrt(var + eps), 1 / sqrt(var + eps)) over the last axis."""
+    centered = np.subtract(x, x.mean(axis=-1, keepdims=True, dtype=x.dtype), out=out)
+    var = np.einsum("...i,...i->...", centered, centered)[..., None] / x.shape[-1]
+    rstd = 1 / np.sqrt(var + x.dtype.type(eps))
+    centered *= rstd
+    return centered, rstd
+
+
+@impl_rule(Op.LAYERNORM)
+def _layernorm(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
+    return _normalized(x, node.attrs["eps"], out)[0]
+
+
+@impl_rule(Op.LAYERNORM_GRAD)
+def _layernorm_grad(node: Node, x: np.ndarray, g: np.ndarray, out: Out = None) -> np.ndarray:
+    # rstd * (g - mean(g) - xhat * mean(g * xhat)); `out` may be g's buffer.
+    xhat, rstd = _normalized(x, node.attrs["eps"], None)
+    n = x.shape[-1]
+    proj = np.einsum("...i,...i->...", g, xhat)[..., None] / n
+    mean = g.mean(axis=-1, keepdims=True, dtype=g.dtype)
+    xhat *= proj
+    result = np.subtract(g, mean, out=out)
+    result -= xhat
+    result *= rstd
+    return result
+
 
 @impl_rule(Op.SOFTMAX)
 def _softmax(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
@@ -309,48 +384,59 @@ def _cross_entropy_grad(
     return result
 
 
-def _weights(q, k, scale: float, bias: np.ndarray | None) -> np.ndarray:
-    """softmax(q k^T * scale + bias) for one [seq dim] slice: [seq seq], made in place."""
-    w = np.matmul(q, k.T)
-    w *= scale
-    if bias is not None:
-        w += bias
+# Query rows handled at once by fused attention: with a causal mask the keys
+# past a block's last row are skipped, and a block's weights stay in cache.
+_ATTENTION_ROWS = 256
+
+
+def _blocks(node: Node, seq: int):
+    """(first row, end row, keys seen) per block of queries (causal: keys stop at the end row)."""
+    for lo in range(0, seq, _ATTENTION_ROWS):
+        hi = min(lo + _ATTENTION_ROWS, seq)
+        yield lo, hi, (hi if node.attrs["causal"] else seq)
+
+
+def _exp_scores(node: Node, q_scaled, k, lo: int, hi: int, keys: int):
+    """exp(q k^T * scale - rowmax) for query rows lo:hi and keys :keys, and its row sums."""
+    w = np.matmul(q_scaled[lo:hi], k[:keys].T)
+    if node.attrs["causal"]:
+        # Only the block on the diagonal has keys past its rows.
+        w[:, lo:hi][np.triu(np.ones((hi - lo, hi - lo), dtype=bool), 1)] = -np.inf
     w -= w.max(axis=1, keepdims=True)
     np.exp(w, out=w)
-    w /= w.sum(axis=1, keepdims=True)
-    return w
-
-
-def _causal_bias(node: Node, seq: int, dtype: np.dtype) -> np.ndarray | None:
-    if not node.attrs["causal"]:
-        return None
-    return np.triu(np.full((seq, seq), -np.inf, dtype=dtype), 1)
+    return w, w.sum(axis=1, keepdims=True)
 
 
 @impl_rule(Op.ATTENTION)
 def _attention(node: Node, q, k, v, out: Out = None) -> np.ndarray:
-    # One [seq seq] weight matrix at a time: it stays in cache and is never stored.
-    scale, bias = node.attrs["scale"], _causal_bias(node, q.shape[-2], q.dtype)
+    # The [seq seq] weights are made one block of rows at a time and never
+    # stored; rows are normalized after the product with v (a smaller array).
     result = np.empty(node.shape, dtype=q.dtype)
     for i in np.ndindex(q.shape[:-2]):
-        np.matmul(_weights(q[i], k[i], scale, bias), v[i], out=result[i])
+        q_scaled = q[i] * q.dtype.type(node.attrs["scale"])
+        for lo, hi, keys in _blocks(node, q.shape[-2]):
+            w, total = _exp_scores(node, q_scaled, k[i], lo, hi, keys)
+            rows = np.matmul(w, v[i][:keys], out=result[i][lo:hi])
+            rows /= total
     return result
 
 
 @impl_rule(Op.ATTENTION_GRAD)
 def _attention_grad(node: Node, q, k, v, g, out: Out = None) -> np.ndarray:
-    # Recompute the weights w; dv = w^T g; ds = w * (g v^T - rowsum(w * g v^T));
-    # dq = ds k * scale; dk = ds^T q * scale.
-    scale, bias = node.attrs["scale"], _causal_bias(node, q.shape[-2], q.dtype)
-    result = np.empty(node.shape, dtype=q.dtype)
+    # Per block of rows, recompute the weights w; then dv += w^T g,
+    # ds = w * (g v^T - rowsum(w * g v^T)), dq = ds k * scale, dk += ds^T q * scale.
+    result = np.zeros(node.shape, dtype=q.dtype)
     dq, dk, dv = result
+    scale = q.dtype.type(node.attrs["scale"])
     for i in np.ndindex(q.shape[:-2]):
-        w = _weights(q[i], k[i], scale, bias)
-        np.matmul(w.T, g[i], out=dv[i])
-        ds = np.matmul(g[i], v[i].T)
-        ds -= np.einsum("ij,ij->i", ds, w)[:, None]
-        ds *= w
-        ds *= scale
-        np.matmul(ds, k[i], out=dq[i])
-        np.matmul(ds.T, q[i], out=dk[i])
+        q_scaled, k_scaled = q[i] * scale, k[i] * scale
+        for lo, hi, keys in _blocks(node, q.shape[-2]):
+            w, total = _exp_scores(node, q_scaled, k[i], lo, hi, keys)
+            w *= np.reciprocal(total, out=total)
+            dv[i][:keys] += np.matmul(w.T, g[i][lo:hi])
+            ds = np.matmul(g[i][lo:hi], v[i][:keys].T)
+            ds -= np.einsum("ij,ij->i", ds, w)[:, None]
+            ds *= w
+            np.matmul(ds, k_scaled[:keys], out=dq[i][lo:hi])
+            dk[i][:keys] += np.matmul(ds.T, q_scaled[lo:hi])
     return result

@@ -4,8 +4,9 @@ Every op has a shape/dtype rule, a NumPy implementation and a VJP in the
 tables of `sexpgpu.ir.rules` (or sits in an explicit exemption set there).
 Layers such as ``gelu`` or ``layernorm`` are composed from these ops by the
 tracer; the few fused ops (softmax, log-softmax, cross-entropy and their
-gradients, attention and its gradient) exist so that the [batch seq vocab]
-logits and the [batch heads seq seq] attention weights are never stored whole.
+gradients, attention, layernorm, gelu and their gradients) exist so that the
+[batch seq vocab] logits and the [batch heads seq seq] attention weights are
+never stored whole, and a layer's intermediates are not stored at all.
 
 Attributes per op (in ``Node.attrs``):
 
@@ -26,6 +27,7 @@ CONCAT              axis: int
 SCATTER_ADD         rows: int (first axis of the result)
 SOFTMAX, ...        axis: int (SOFTMAX, LOG_SOFTMAX, SOFTMAX_GRAD)
 ATTENTION, ..._GRAD causal: bool, scale: float
+LAYERNORM, ..._GRAD eps: float (normalizes over the last axis)
 ==================  ==========================================================
 """
 
@@ -102,6 +104,10 @@ class Op(Enum):
     CROSS_ENTROPY_GRAD = auto()
     ATTENTION = auto()
     ATTENTION_GRAD = auto()
+    LAYERNORM = auto()
+    LAYERNORM_GRAD = auto()
+    GELU = auto()
+    GELU_GRAD = auto()
 
     @property
     def label(self) -> str:
@@ -146,6 +152,10 @@ FUSED = frozenset(
         Op.CROSS_ENTROPY_GRAD,
         Op.ATTENTION,
         Op.ATTENTION_GRAD,
+        Op.LAYERNORM,
+        Op.LAYERNORM_GRAD,
+        Op.GELU,
+        Op.GELU_GRAD,
     }
 )
 

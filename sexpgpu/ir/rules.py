@@ -52,6 +52,8 @@ VJP_EXEMPT = frozenset(
         Op.SOFTMAX_GRAD,
         Op.CROSS_ENTROPY_GRAD,
         Op.ATTENTION_GRAD,
+        Op.LAYERNORM_GRAD,
+        Op.GELU_GRAD,
     }
 )
 

@@ -326,6 +326,18 @@ def _matmul(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
     return dtype, (*batch, a.shape[-2], b.shape[-1]), attrs
 
 
+@shape_rule(Op.GELU, Op.GELU_GRAD, Op.LAYERNORM, Op.LAYERNORM_GRAD)
+def _fused_unary(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
+    x = inputs[0]
+    _dtype_in(op, x, FLOATS, span)
+    if len(inputs) == 2:  # the gradient ops: (x, cotangent)
+        assert inputs[1].shape == x.shape and inputs[1].dtype == x.dtype, inputs
+    if op in (Op.LAYERNORM, Op.LAYERNORM_GRAD):
+        _axis(op, -1, x.ndim, span, x.shape)
+        attrs = {"eps": float(attrs["eps"])}
+    return x.dtype, x.shape, attrs
+
+
 @shape_rule(Op.SOFTMAX, Op.LOG_SOFTMAX)
 def _softmax(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
     (x,) = inputs

@@ -278,3 +278,13 @@ def _attention(node: Node, g: Node, needs: Needs) -> Grads:
         b.reshape(b.slice(stacked, 0, i, i + 1, span=s), shape, span=s) if need else None
         for i, need in enumerate(needs)
     )
+
+
+@vjp_rule(Op.LAYERNORM)
+def _layernorm(node: Node, g: Node, needs: Needs) -> Grads:
+    return (b.layernorm_grad(node.inputs[0], g, node.attrs["eps"], span=node.span),)
+
+
+@vjp_rule(Op.GELU)
+def _gelu(node: Node, g: Node, needs: Needs) -> Grads:
+    return (b.gelu_grad(node.inputs[0], g, span=node.span),)

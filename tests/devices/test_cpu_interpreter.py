@@ -128,3 +128,41 @@ def test_where_writes_into_a_dying_branch_correctly():
     mask = np.tril(np.ones((4, 5), bool), -1)
     np.testing.assert_allclose(out["l"], np.where(mask, np.exp(value), -1.0), rtol=1e-6)
     np.testing.assert_allclose(out["r"], np.where(mask, 2.0, np.tanh(value)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_ops_split_over_threads_give_identical_bits(monkeypatch, dtype):
+    from sexpgpu.devices import cpu_split
+
+    monkeypatch.setattr(cpu_split, "MIN_ELEMENTS", 8)
+    x = b.input("x", (6, 4, 5), dtype)
+    w = b.param("w", (5,), dtype)
+    col = b.input("col", (6, 1, 1), dtype)
+    h = b.gelu(b.mul(b.add(x, w), col))
+    h = b.where(b.lt(h, b.constant(0.1, dtype)), b.exp(h), b.sigmoid(h))
+    h = b.softmax(b.layernorm(h, 1e-5), axis=0)
+    loss = b.sum(b.mul(b.rsqrt(b.add(b.mul(h, h), b.constant(1.0, dtype))), h))
+    graph = training_graph(Graph.of({"loss": loss}))
+    feeds = {
+        "x": RNG.normal(size=(6, 4, 5)),
+        "w": RNG.normal(size=5),
+        "col": RNG.normal(size=(6, 1, 1)),
+    }
+    split, whole = CpuProgram(graph, threads=3), CpuProgram(graph, threads=1)
+    assert any(s.split is not None for s in split.steps)
+    assert all(s.split != 0 for s in split.steps if s.node.op.label == "softmax")
+    got, want = split(feeds), whole(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_no_buffer_is_reused_while_another_operand_views_it():
+    x = b.input("x", (4, 4), "f32")
+    e = b.exp(x)
+    y = b.where(b.lt(x, b.constant(0.0, "f32")), e, b.transpose(e))  # e and e^T both die here
+    z = b.add(e, b.transpose(e))
+    value = RNG.normal(size=(4, 4)).astype(np.float32)
+    out = run(Graph.of({"y": y, "z": z}), {"x": value})
+    ev = np.exp(value)
+    np.testing.assert_allclose(out["y"], np.where(value < 0, ev, ev.T), rtol=1e-6)
+    np.testing.assert_allclose(out["z"], ev + ev.T, rtol=1e-6)

@@ -43,6 +43,18 @@ def _sdpa_grad(q, k, v, g):
     return torch.stack([q.grad, k.grad, v.grad])
 
 
+def _layernorm_grad(x, g):
+    x = x.detach().requires_grad_(True)
+    (F.layer_norm(x, (x.shape[-1],), eps=1e-3) * g).sum().backward()
+    return x.grad
+
+
+def _gelu_grad(x, g):
+    x = x.detach().requires_grad_(True)
+    (F.gelu(x, approximate="tanh") * g).sum().backward()
+    return x.grad
+
+
 # (case id, ops covered, build, torch_fn, args, differentiable)
 CASES = [
     ("neg", {Op.NEG}, b.neg, torch.neg, [A((3, 4))], True),
@@ -237,6 +249,24 @@ CASES = [
         False,
     ),
     (
+        "layernorm",
+        {Op.LAYERNORM},
+        lambda x: b.layernorm(x, eps=1e-3),
+        lambda x: F.layer_norm(x, (x.shape[-1],), eps=1e-3),
+        [A((2, 3, 6))],
+        True,
+    ),
+    (
+        "layernorm-grad",
+        {Op.LAYERNORM_GRAD},
+        lambda x, g: b.layernorm_grad(x, g, eps=1e-3),
+        _layernorm_grad,
+        [A((3, 5)), A((3, 5))],
+        False,
+    ),
+    ("gelu", {Op.GELU}, b.gelu, lambda x: F.gelu(x, approximate="tanh"), [A((4, 5))], True),
+    ("gelu-grad", {Op.GELU_GRAD}, b.gelu_grad, _gelu_grad, [A((4, 5)), A((4, 5))], False),
+    (
         "constant-iota",
         {Op.CONSTANT, Op.IOTA},
         lambda x: b.add(x, b.cast(b.iota((2, 3), 1), x.dtype)),
@@ -283,3 +313,16 @@ def test_constant_is_rounded_and_broadcast():
     got = run(Graph.of({"y": y}), {"x": np.zeros((2, 2))})["y"]
     want = torch.full((2, 2), 1 / 3).to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_in_several_row_blocks(monkeypatch, causal):
+    from sexpgpu.ir import numpy_impl
+
+    monkeypatch.setattr(numpy_impl, "_ATTENTION_ROWS", 3)
+    check_op(
+        lambda q, k, v: b.attention(q, k, v, causal=causal),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        [A((2, 8, 4))] * 3,
+        dtypes=("f64", "f32"),
+    )

@@ -6,7 +6,8 @@ uncompressed product. The error is computed from inner products of the
 uncompressed network and the result in quimb, never densely:
 ``|x - y|^2 = |x|^2 + |y|^2 - 2 Re <x|y>``.
 
-Peers: ``sexpgpu.tn.src``; ``src_method.src``; quimb's ``src`` compression of
+Peers: ``sexpgpu.tn.src`` (also with the paper's oversampling,
+``oversample=None``); ``src_method.src``; quimb's ``src`` compression of
 the lazy product network (``tensor_network_1d_compress(method="src")``); and
 quimb's fastest exact method, ``dm`` (faster than ``direct`` here).
 
@@ -163,6 +164,9 @@ def peers(trains: list, chi: int, is_mps: bool) -> dict:
     return {
         "sexpgpu.tn": lambda seed: _wrap(tn.src(*arrays, chi_out=chi, seed=seed), is_mps),
         "src-method": lambda seed: _wrap(src_method.src(*arrays, chi_out=chi, seed=seed), is_mps),
+        "sexpgpu.tn oversample=None": lambda seed: _wrap(
+            tn.src(*arrays, chi_out=chi, seed=seed, oversample=None), is_mps
+        ),
         "quimb src": lambda seed: tensor_network_1d_compress(
             lazy_network(trains), max_bond=chi, cutoff=0.0, method="src"
         ),

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .linalg import svd
+
 __all__ = ["exact_two_sites", "fuse"]
 
 
@@ -66,7 +68,7 @@ def exact_two_sites(
     _, bond, u0, d0 = left.shape
     u1, d1 = right.shape[2:]
     theta = left.reshape(bond, u0 * d0).T @ right.reshape(bond, u1 * d1)
-    u, sv, vh = np.linalg.svd(theta, full_matrices=False)
+    u, sv, vh = svd(theta)
     rank = min(chi_out, sv.size)
     if cutoff > 0:
         rank = min(rank, max(1, int(np.count_nonzero(sv >= cutoff * sv[0]))))

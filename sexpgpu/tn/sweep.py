@@ -32,6 +32,7 @@ from time import perf_counter
 import numpy as np
 
 from .kernels import env_peak_per_column, env_step, right_block
+from .linalg import svd
 from .sketch import SketchSource
 from .store import EnvironmentStore
 from .trains import Stack
@@ -117,7 +118,7 @@ def _basis(sketch: np.ndarray, cutoff: float, cap: int) -> np.ndarray:
     q, r = np.linalg.qr(sketch)
     if cutoff <= 0 and cap >= q.shape[1]:
         return q
-    u, sv, _ = np.linalg.svd(r, full_matrices=False)
+    u, sv, _ = svd(r)
     rank = min(cap, sv.size)
     if cutoff > 0:
         rank = min(rank, max(1, int(np.count_nonzero(sv >= cutoff * sv[0]))))
@@ -175,7 +176,7 @@ def truncate(cores: list[np.ndarray], chi_out: int, cutoff: float) -> list[np.nd
         q = None
         if matrix.shape[0] > right:  # a tall matrix: the SVD sees only its R factor
             q, matrix = np.linalg.qr(matrix)
-        u, sv, vh = np.linalg.svd(matrix, full_matrices=False)
+        u, sv, vh = svd(matrix)
         rank = min(chi_out, sv.size)
         if cutoff > 0:
             rank = min(rank, max(1, int(np.count_nonzero(sv >= cutoff * sv[0]))))

@@ -1,0 +1,57 @@
+"""A singular value decomposition that does not give up.
+
+LAPACK's divide-and-conquer SVD (``gesdd``, what ``np.linalg.svd`` calls) now
+and then fails to converge on finite matrices with clusters of tiny singular
+values, which the sketches of nearly low-rank products have. The same matrix
+conjugate-transposed, or LAPACK's QR-iteration SVD (``gesvd``), converges.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+__all__ = ["svd"]
+
+logger = logging.getLogger(__name__)
+
+
+def svd(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Thin SVD ``matrix = u @ diag(s) @ vh``, with fallbacks when LAPACK fails.
+
+    Parameters
+    ----------
+    matrix : numpy.ndarray
+        A finite 2-D array.
+
+    Returns
+    -------
+    u, s, vh : numpy.ndarray
+        As ``np.linalg.svd(matrix, full_matrices=False)``.
+    """
+    try:
+        return np.linalg.svd(matrix, full_matrices=False)
+    except np.linalg.LinAlgError:
+        logger.debug("SVD of a %s matrix did not converge; trying its adjoint", matrix.shape)
+    try:
+        u, s, vh = np.linalg.svd(matrix.conj().T, full_matrices=False)
+        return vh.conj().T, s, u.conj().T
+    except np.linalg.LinAlgError:
+        logger.debug("SVD of the adjoint did not converge either; using gesvd")
+    try:
+        from scipy.linalg import svd as scipy_svd  # optional: only on this rare path
+    except ImportError:
+        return _svd_by_eigh(matrix)
+    return scipy_svd(matrix, full_matrices=False, lapack_driver="gesvd")
+
+
+def _svd_by_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The SVD from the eigenvectors of ``m m^H`` (loses the smallest values' digits)."""
+    w, u = np.linalg.eigh(matrix @ matrix.conj().T)
+    order = np.argsort(w)[::-1][: min(matrix.shape)]
+    s = np.sqrt(np.clip(w[order], 0.0, None))
+    u = u[:, order]
+    safe = np.where(s > s[0] * np.finfo(s.dtype).eps, s, np.inf)
+    vh = (u.conj().T @ matrix) / safe[:, None]
+    return u, s, vh

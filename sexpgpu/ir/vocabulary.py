@@ -27,7 +27,7 @@ from sexpgpu.ir.node import Node
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace_call import Call, Value, describe_value, is_number
 
-__all__ = ["VOCABULARY", "Entry", "entry", "gelu_tanh", "mean_over", "scale"]
+__all__ = ["VOCABULARY", "Entry", "entry", "mean_over", "scale"]
 
 Fn = Callable[[Call], Value]
 
@@ -212,25 +212,10 @@ def _relu(cx: Call) -> Node:
     return b.where(b.lt(zero, x, span=cx.span), x, zero, span=cx.span)
 
 
-def gelu_tanh(x: Node, span) -> Node:
-    """gelu's tanh form, ``0.5 x (1 + tanh(u))`` with ``u = sqrt(2/pi) (x + 0.044715 x^3)``.
-
-    Written ``x * sigmoid(2u)`` (the same function), ``2u = x (a + b x^2)``:
-    six elementwise ops, and the backward keeps three values of x's shape
-    (x, ``a + b x^2`` and the sigmoid) instead of five.
-    """
-    a = 2.0 * math.sqrt(2.0 / math.pi)
-    slope = b.add(scale(b.mul(x, x, span=span), a * 0.044715, span), _const(a, x), span=span)
-    return b.mul(x, b.sigmoid(b.mul(x, slope, span=span), span=span), span=span)
-
-
-def _const(value: float, like: Node) -> Node:
-    return b.constant(value, like.dtype, span=like.span)
-
-
 @entry("gelu", "(gelu x)")
 def _gelu(cx: Call) -> Node:
-    return gelu_tanh(cx.tensor(0), cx.span)
+    # The IR's fused GELU (tanh form); its VJP recomputes from x alone.
+    return b.gelu(cx.tensor(0), span=cx.span)
 
 
 @entry("silu", "(silu x)")

@@ -79,7 +79,7 @@ def _embed(cx: Call) -> Node:
 def _normalize(x: Node, centered: bool, eps: float, span) -> Node:
     """``(x - mean) / sqrt(var + eps)`` (or ``x / sqrt(mean(x^2) + eps)``) over the last axis."""
     if centered:
-        x = b.sub(x, mean_over(x, (-1,), True, span), span=span)
+        return b.layernorm(x, eps, span=span)  # fused; the VJP recomputes the statistics
     power = mean_over(b.mul(x, x, span=span), (-1,), True, span)
     inv = b.rsqrt(b.add(power, b.constant(eps, x.dtype, span=span), span=span), span=span)
     return b.mul(x, inv, span=span)

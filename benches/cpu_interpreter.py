@@ -106,22 +106,28 @@ def run_sexpgpu(args: argparse.Namespace) -> dict:
 
 
 def _install_profiler(profile: dict[str, float]) -> None:
-    """Time every op the interpreter evaluates, keyed by op (and matmul shapes)."""
+    """Time every op the interpreter evaluates (whole or split over threads), by op."""
     import sexpgpu.devices.cpu as cpu
 
-    inner = cpu.evaluate
+    def key(node) -> str:
+        label = node.op.label
+        if label == "matmul":
+            a, b = node.inputs
+            label += " " + "x".join(map(str, a.shape)) + "@" + "x".join(map(str, b.shape))
+        return label
 
-    def timed(node, *arrays, out=None):
-        start = time.perf_counter()
-        result = inner(node, *arrays, out=out)
-        key = node.op.label
-        if key == "matmul":
-            key += " " + "x".join(map(str, node.inputs[0].shape)) + "@"
-            key += "x".join(map(str, node.inputs[1].shape))
-        profile[key] += time.perf_counter() - start
-        return result
+    def wrap(inner, node_of):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            result = inner(*args, **kwargs)
+            profile[key(node_of(args))] += time.perf_counter() - start
+            return result
 
-    cpu.evaluate = timed
+        return timed
+
+    cpu.evaluate = wrap(cpu.evaluate, lambda args: args[0])
+    if hasattr(cpu, "evaluate_split"):
+        cpu.evaluate_split = wrap(cpu.evaluate_split, lambda args: args[0])
 
 
 def run_torch(args: argparse.Namespace) -> dict:

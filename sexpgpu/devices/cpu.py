@@ -8,6 +8,10 @@
   owned by the program (not a feed or constant, not shared by another live
   view), writes its result into that buffer (``out=``);
 * values stored as ``bf16`` are rounded to bf16 in float32 arrays;
+* with several cores, large ops are cut into one block per core and run in
+  threads (`sexpgpu.devices.cpu_split`); BLAS is then held to one thread
+  per call (through threadpoolctl, when installed), since its own threads
+  would compete with these and, on a busy host, spin in hand-offs;
 * `planned_peak_bytes` is the schedule's largest live set, computed without
   running; `last_peak_bytes` is measured while running (distinct buffers
   alive after each op, feeds included). Temporaries inside one op are not
@@ -69,8 +73,9 @@ class CpuProgram:
     graph
         The program. Its INPUT and PARAM nodes are fed by name.
     threads
-        Threads that share a large elementwise or row-wise op (see
-        `sexpgpu.devices.cpu_split`); default: the cores this process may use.
+        Threads that share a large op (see `sexpgpu.devices.cpu_split`);
+        default: the cores this process may use. With 1, ops run whole and
+        BLAS keeps its own threading.
     """
 
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
@@ -155,7 +160,7 @@ class CpuProgram:
         fed_roots = set()
         splits = any(step.split is not None for step in self.steps)
         pool = ThreadPoolExecutor(self.threads) if splits else nullcontext()
-        with np.errstate(all="ignore"), pool:
+        with np.errstate(all="ignore"), pool, _one_blas_thread(splits):
             for i, step in enumerate(self.steps):
                 if step.node.op in _FED:
                     value = _feed(step.node, feeds)
@@ -194,6 +199,17 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def planned_peak_bytes(graph: Graph) -> int:
     """The most bytes the interpreter's schedule holds at once for `graph`."""
     return CpuProgram(graph).planned_peak_bytes
+
+
+def _one_blas_thread(active: bool):
+    """Hold BLAS to one thread while our own threads split the ops (no-op without threadpoolctl)."""
+    if not active:
+        return nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: BLAS keeps its threads, ops are still split
+        return nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _feed(node: Node, feeds: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -1,11 +1,15 @@
-"""Split one large elementwise or row-wise op over the CPU cores.
+"""Split one large op over the CPU cores.
 
-NumPy runs a ufunc on one core; BLAS already uses them all. For an op of at
-least `MIN_ELEMENTS` whose result is elementwise (or row by row) in one
-axis, the interpreter cuts that axis into one block per worker and runs the
-op's own NumPy implementation on each block in a thread (NumPy releases the
-GIL inside its loops). Each block's arithmetic is exactly the unsplit
-arithmetic, so results are identical bit for bit.
+NumPy runs a ufunc on one core. For an op of at least `MIN_ELEMENTS` whose
+result is independent along one axis (elementwise ops, row-wise fused ops,
+the rows or batch of a matmul, the heads of attention), the interpreter cuts
+that axis into one block per worker and runs the op's own NumPy
+implementation on each block in a thread (NumPy releases the GIL inside its
+loops and in BLAS). The interpreter keeps BLAS itself to one thread while it
+does this (see `sexpgpu.devices.cpu`), so the cores are not oversubscribed.
+Each block's arithmetic is the unsplit arithmetic: elementwise and row-wise
+results are identical bit for bit; a split matmul may differ in the last
+bit, as BLAS blocks its sums differently.
 """
 
 from __future__ import annotations
@@ -27,20 +31,39 @@ MIN_ELEMENTS = 1 << 18
 
 # Ops that reduce along one axis (kept whole) and are independent across the others.
 _ROWWISE = frozenset({Op.SOFTMAX, Op.LOG_SOFTMAX, Op.SOFTMAX_GRAD, Op.LAYERNORM, Op.LAYERNORM_GRAD})
-_SPLITTABLE = (UNARY - {Op.CAST}) | BINARY | {Op.WHERE, Op.GELU, Op.GELU_GRAD} | _ROWWISE
+_SPLITTABLE = (
+    (UNARY - {Op.CAST})
+    | BINARY
+    | {Op.WHERE, Op.GELU, Op.GELU_GRAD, Op.MATMUL, Op.ATTENTION, Op.ATTENTION_GRAD}
+    | _ROWWISE
+)
 
 
 def split_axis(node: Node, workers: int) -> int | None:
     """The axis to cut `node`'s op along for `workers` threads, or None to run it whole."""
     if workers < 2 or node.op not in _SPLITTABLE or node.size < MIN_ELEMENTS:
         return None
-    kept = {node.attrs.get("axis", node.ndim - 1)} if node.op in _ROWWISE else set()
-    return next((a for a, d in enumerate(node.shape) if a not in kept and d >= workers), None)
+    return next((a for a in _candidate_axes(node) if node.shape[a] >= workers), None)
 
 
-def _block(x: np.ndarray, node: Node, axis: int, lo: int, hi: int) -> np.ndarray:
-    """Operand `x`'s part for result rows lo:hi of `axis` (all of it where it broadcasts)."""
+def _candidate_axes(node: Node) -> list[int]:
+    axes = list(range(node.ndim))
+    if node.op in _ROWWISE:
+        axes.remove(node.attrs.get("axis", node.ndim - 1))
+    elif node.op is Op.MATMUL:
+        axes = axes[:-1]  # batch axes, then the rows of the left operand
+    elif node.op is Op.ATTENTION:
+        axes = axes[:-2]  # batch and head axes
+    elif node.op is Op.ATTENTION_GRAD:
+        axes = axes[1:-2]  # not the [dq dk dv] stack
+    return axes
+
+
+def _block(x: np.ndarray, k: int, node: Node, axis: int, lo: int, hi: int) -> np.ndarray:
+    """Operand `k` (`x`)'s part for result rows lo:hi of `axis` (all of it where it broadcasts)."""
     own = axis - (node.ndim - x.ndim)
+    if node.op is Op.MATMUL and own >= x.ndim - 2 and (k == 1 or own == x.ndim - 1):
+        return x  # cutting the left operand's rows: the right operand is shared
     if own < 0 or x.shape[own] != node.shape[axis]:
         return x
     return x[(slice(None),) * own + (slice(lo, hi),)]
@@ -62,7 +85,8 @@ def evaluate_split(
     def part(lo: int, hi: int) -> None:
         with np.errstate(all="ignore"):  # error state does not cross threads
             dst = result[(slice(None),) * axis + (slice(lo, hi),)]
-            got = IMPL_RULES[node.op](node, *(_block(x, node, axis, lo, hi) for x in args), out=dst)
+            parts = (_block(x, k, node, axis, lo, hi) for k, x in enumerate(args))
+            got = IMPL_RULES[node.op](node, *parts, out=dst)
             assert got is dst or np.shares_memory(got, dst), node
             if rounded:
                 round_bf16(dst)

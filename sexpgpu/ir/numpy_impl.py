@@ -230,13 +230,22 @@ def _scatter_add(node: Node, ids: np.ndarray, updates: np.ndarray, out: Out = No
 def _matmul(node: Node, a: np.ndarray, b: np.ndarray, out: Out = None) -> np.ndarray:
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         # One large GEMM instead of a loop of small ones.
-        return (a.reshape(-1, a.shape[-1]) @ b).reshape(node.shape)
-    if a.ndim > 2 or b.ndim > 2:
-        # NumPy's stacked matmul reaches BLAS only for plainly laid out
-        # matrices; a strided view (a head split out of a fused qkv) is far
-        # slower than copying it first.
-        a, b = _blas_ready(a), _blas_ready(b)
-    return np.matmul(a, b)
+        flat_out = (
+            out.reshape(-1, b.shape[1]) if out is not None and out.flags.c_contiguous else None
+        )
+        result = np.matmul(a.reshape(-1, a.shape[-1]), b, out=flat_out)
+        result = result.reshape((*a.shape[:-1], b.shape[1]))
+    else:
+        if a.ndim > 2 or b.ndim > 2:
+            # NumPy's stacked matmul reaches BLAS only for plainly laid out
+            # matrices; a strided view (a head split out of a fused qkv) is
+            # far slower than copying it first.
+            a, b = _blas_ready(a), _blas_ready(b)
+        result = np.matmul(a, b, out=out)
+    if out is not None and result is not out and not np.shares_memory(result, out):
+        np.copyto(out, result)
+        return out
+    return result
 
 
 def _blas_ready(x: np.ndarray) -> np.ndarray:
@@ -385,7 +394,7 @@ def _cross_entropy_grad(
 
 
 # Query rows handled at once by fused attention: with a causal mask the keys
-# past a block's last row are skipped, and a block's weights stay in cache.
+# past a block's last row are skipped, and a block's weights stay small.
 _ATTENTION_ROWS = 256
 
 
@@ -397,46 +406,56 @@ def _blocks(node: Node, seq: int):
 
 
 def _exp_scores(node: Node, q_scaled, k, lo: int, hi: int, keys: int):
-    """exp(q k^T * scale - rowmax) for query rows lo:hi and keys :keys, and its row sums."""
-    w = np.matmul(q_scaled[lo:hi], k[:keys].T)
+    """exp(q k^T * scale - rowmax) for query rows lo:hi against keys :keys, and its row sums.
+
+    All leading (batch, head) axes at once: ``[..., hi - lo, keys]``.
+    """
+    w = np.matmul(q_scaled[..., lo:hi, :], np.swapaxes(k[..., :keys, :], -1, -2))
     if node.attrs["causal"]:
-        # Only the block on the diagonal has keys past its rows.
-        w[:, lo:hi][np.triu(np.ones((hi - lo, hi - lo), dtype=bool), 1)] = -np.inf
-    w -= w.max(axis=1, keepdims=True)
+        # Only the block on the diagonal sees keys past its rows.
+        w[..., lo:hi] += np.triu(np.full((hi - lo, hi - lo), -np.inf, dtype=w.dtype), 1)
+    w -= w.max(axis=-1, keepdims=True)
     np.exp(w, out=w)
-    return w, w.sum(axis=1, keepdims=True)
+    return w, w.sum(axis=-1, keepdims=True)
+
+
+def _plain(*xs: np.ndarray) -> list[np.ndarray]:
+    return [np.ascontiguousarray(x) for x in xs]
 
 
 @impl_rule(Op.ATTENTION)
 def _attention(node: Node, q, k, v, out: Out = None) -> np.ndarray:
-    # The [seq seq] weights are made one block of rows at a time and never
-    # stored; rows are normalized after the product with v (a smaller array).
-    result = np.empty(node.shape, dtype=q.dtype)
-    for i in np.ndindex(q.shape[:-2]):
-        q_scaled = q[i] * q.dtype.type(node.attrs["scale"])
-        for lo, hi, keys in _blocks(node, q.shape[-2]):
-            w, total = _exp_scores(node, q_scaled, k[i], lo, hi, keys)
-            rows = np.matmul(w, v[i][:keys], out=result[i][lo:hi])
-            rows /= total
+    # The [seq seq] weights are made one block of query rows at a time and
+    # never stored; rows are normalized after the product with v (smaller).
+    q, k, v = _plain(q, k, v)
+    result = np.empty(q.shape, dtype=q.dtype) if out is None else out
+    q_scaled = q * q.dtype.type(node.attrs["scale"])
+    for lo, hi, keys in _blocks(node, q.shape[-2]):
+        w, total = _exp_scores(node, q_scaled, k, lo, hi, keys)
+        rows = np.matmul(w, v[..., :keys, :])
+        rows /= total
+        result[..., lo:hi, :] = rows
     return result
 
 
 @impl_rule(Op.ATTENTION_GRAD)
 def _attention_grad(node: Node, q, k, v, g, out: Out = None) -> np.ndarray:
-    # Per block of rows, recompute the weights w; then dv += w^T g,
+    # Per block of query rows, recompute the weights w; then dv += w^T g,
     # ds = w * (g v^T - rowsum(w * g v^T)), dq = ds k * scale, dk += ds^T q * scale.
-    result = np.zeros(node.shape, dtype=q.dtype)
+    q, k, v, g = _plain(q, k, v, g)
+    result = np.zeros((3, *q.shape), dtype=q.dtype) if out is None else out
+    if out is not None:
+        result[...] = 0
     dq, dk, dv = result
     scale = q.dtype.type(node.attrs["scale"])
-    for i in np.ndindex(q.shape[:-2]):
-        q_scaled, k_scaled = q[i] * scale, k[i] * scale
-        for lo, hi, keys in _blocks(node, q.shape[-2]):
-            w, total = _exp_scores(node, q_scaled, k[i], lo, hi, keys)
-            w *= np.reciprocal(total, out=total)
-            dv[i][:keys] += np.matmul(w.T, g[i][lo:hi])
-            ds = np.matmul(g[i][lo:hi], v[i][:keys].T)
-            ds -= np.einsum("ij,ij->i", ds, w)[:, None]
-            ds *= w
-            np.matmul(ds, k_scaled[:keys], out=dq[i][lo:hi])
-            dk[i][:keys] += np.matmul(ds.T, q_scaled[lo:hi])
+    q_scaled, k_scaled = q * scale, k * scale
+    for lo, hi, keys in _blocks(node, q.shape[-2]):
+        w, total = _exp_scores(node, q_scaled, k, lo, hi, keys)
+        w *= np.reciprocal(total, out=total)
+        dv[..., :keys, :] += np.matmul(np.swapaxes(w, -1, -2), g[..., lo:hi, :])
+        ds = np.matmul(g[..., lo:hi, :], np.swapaxes(v[..., :keys, :], -1, -2))
+        ds -= np.sum(ds * w, axis=-1, keepdims=True)
+        ds *= w
+        dq[..., lo:hi, :] = np.matmul(ds, k_scaled[..., :keys, :])
+        dk[..., :keys, :] += np.matmul(np.swapaxes(ds, -1, -2), q_scaled[..., lo:hi, :])
     return result

@@ -166,3 +166,24 @@ def test_no_buffer_is_reused_while_another_operand_views_it():
     ev = np.exp(value)
     np.testing.assert_allclose(out["y"], np.where(value < 0, ev, ev.T), rtol=1e-6)
     np.testing.assert_allclose(out["z"], ev + ev.T, rtol=1e-6)
+
+
+def test_matmul_and_attention_split_over_threads_match(monkeypatch):
+    from sexpgpu.devices import cpu_split
+
+    monkeypatch.setattr(cpu_split, "MIN_ELEMENTS", 8)
+    x = b.input("x", (3, 4, 6), "f32")
+    w = b.param("w", (6, 8), "f32")
+    h = b.reshape(b.matmul(x, w), (3, 4, 2, 4))
+    q = b.transpose(h, (0, 2, 1, 3))  # (B, H, T, D) from a strided view
+    y = b.attention(q, q, b.tanh(q), causal=True)
+    z = b.matmul(b.reshape(y, (6, 4, 4)), b.transpose(b.reshape(y, (6, 4, 4))))
+    loss = b.sum(b.mul(z, z))
+    graph = training_graph(Graph.of({"loss": loss}))
+    feeds = {"x": RNG.normal(size=(3, 4, 6)), "w": RNG.normal(size=(6, 8))}
+    split, whole = CpuProgram(graph, threads=2), CpuProgram(graph, threads=1)
+    ops = {s.node.op.label for s in split.steps if s.split is not None}
+    assert {"matmul", "attention", "attention-grad"} <= ops
+    got, want = split(feeds), whole(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -199,6 +199,12 @@ class Call:
         out = []
         for key, value in zip(keys, nodes, strict=True):
             if is_number(value) and not isinstance(value, Node):
+                if dtype == DType.INT32 and not float(value).is_integer():
+                    raise self.fail(
+                        f"{self.name}: the number {value:g} cannot join an int32 tensor",
+                        "cast the tensor first: (cast x :dtype f32)",
+                        key,
+                    )
                 out.append(b.constant(value, dtype, span=self.where(key)))
             else:
                 out.append(self.tensor(key))

@@ -170,6 +170,11 @@ def test_unknown_name_suggests_the_nearest() -> None:
             "found the string 'f16'",
         ),
         (
+            "(+ (positions x) 0.5)",
+            "",
+            "error[E-TRACE-004]: +: the number 0.5 cannot join an int32 tensor",
+        ),
+        (
             "(take x x)",
             "",
             "error[E-SHAPE-009]: take: indices have dtype f32, not int32",

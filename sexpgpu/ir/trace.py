@@ -38,7 +38,17 @@ from sexpgpu.ir.trace_data import field_specs
 from sexpgpu.ir.trace_init import INITIALIZERS, Init
 from sexpgpu.ir.trace_special import SPECIAL_FORMS, unknown_function_hint
 from sexpgpu.ir.vocabulary import VOCABULARY, Entry
-from sexpgpu.lang import Experiment, FnDef, Keyword, ListNode, ModelDef, RunDef, Symbol, unparse
+from sexpgpu.lang import (
+    Experiment,
+    FnDef,
+    Keyword,
+    ListNode,
+    Literal,
+    ModelDef,
+    RunDef,
+    Symbol,
+    unparse,
+)
 from sexpgpu.lang import Node as Syntax
 from sexpgpu.lang.suggest import options_hint
 
@@ -191,7 +201,7 @@ class _Tracer:
                 node.span,
                 "keywords name arguments: (softmax x :axis -1)",
             )
-        if hasattr(node, "value"):  # a literal
+        if isinstance(node, Literal):
             return node.value
         return tuple(self.eval(item, env, scope) for item in node.items)  # a vector
 

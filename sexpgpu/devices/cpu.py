@@ -80,7 +80,7 @@ class CpuProgram:
 
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
         self.graph = graph
-        self.threads = threads or min(8, len(os.sched_getaffinity(0)))
+        self.threads = threads or min(8, _usable_cores())
         self.order = graph.nodes()
         self._pos = {id(n): i for i, n in enumerate(self.order)}
         self._outputs = {name: self._pos[id(n)] for name, n in graph.outputs.items()}
@@ -199,6 +199,12 @@ def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def planned_peak_bytes(graph: Graph) -> int:
     """The most bytes the interpreter's schedule holds at once for `graph`."""
     return CpuProgram(graph).planned_peak_bytes
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
 
 
 def _one_blas_thread(active: bool):

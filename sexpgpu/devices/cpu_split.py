@@ -35,13 +35,18 @@ _SPLITTABLE = (
     (UNARY - {Op.CAST})
     | BINARY
     | {Op.WHERE, Op.GELU, Op.GELU_GRAD, Op.MATMUL, Op.ATTENTION, Op.ATTENTION_GRAD}
+    | {Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD}
     | _ROWWISE
 )
+# Ops whose operands share their leading axes with the result (not their trailing ones).
+_LEADING = frozenset({Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD})
 
 
 def split_axis(node: Node, workers: int) -> int | None:
     """The axis to cut `node`'s op along for `workers` threads, or None to run it whole."""
-    if workers < 2 or node.op not in _SPLITTABLE or node.size < MIN_ELEMENTS:
+    if workers < 2 or node.op not in _SPLITTABLE:
+        return None
+    if max(node.size, *(x.size for x in node.inputs)) < MIN_ELEMENTS:
         return None
     return next((a for a in _candidate_axes(node) if node.shape[a] >= workers), None)
 
@@ -56,12 +61,14 @@ def _candidate_axes(node: Node) -> list[int]:
         axes = axes[:-2]  # batch and head axes
     elif node.op is Op.ATTENTION_GRAD:
         axes = axes[1:-2]  # not the [dq dk dv] stack
+    elif node.op is Op.CROSS_ENTROPY_GRAD:
+        axes = axes[:-1]  # not the classes
     return axes
 
 
 def _block(x: np.ndarray, k: int, node: Node, axis: int, lo: int, hi: int) -> np.ndarray:
     """Operand `k` (`x`)'s part for result rows lo:hi of `axis` (all of it where it broadcasts)."""
-    own = axis - (node.ndim - x.ndim)
+    own = axis if node.op in _LEADING else axis - (node.ndim - x.ndim)
     if node.op is Op.MATMUL and own >= x.ndim - 2 and (k == 1 or own == x.ndim - 1):
         return x  # cutting the left operand's rows: the right operand is shared
     if own < 0 or x.shape[own] != node.shape[axis]:

@@ -363,13 +363,19 @@ def _cross_entropy(node: Node, logits: np.ndarray, targets: np.ndarray, out: Out
     flat, step = _row_chunks(logits)
     ids = targets.reshape(-1)
     loss = np.empty(flat.shape[0], dtype=logits.dtype)
+    if out is not None and out.flags.c_contiguous:
+        loss = out.reshape(-1)
     for lo in range(0, flat.shape[0], step):
         rows = flat[lo : lo + step]
         top = rows.max(axis=1, keepdims=True)
         total = np.exp(rows - top).sum(axis=1)
         picked = rows[np.arange(rows.shape[0]), ids[lo : lo + step]]
         loss[lo : lo + step] = np.log(total) + top[:, 0] - picked
-    return loss.reshape(node.shape)
+    result = loss.reshape(targets.shape)
+    if out is not None and not np.shares_memory(result, out):
+        np.copyto(out, result)
+        return out
+    return result
 
 
 @impl_rule(Op.CROSS_ENTROPY_GRAD)
@@ -390,6 +396,9 @@ def _cross_entropy_grad(
         rows /= rows.sum(axis=1, keepdims=True)
         rows[np.arange(hi - lo), ids[lo:hi]] -= 1
         rows *= scale[lo:hi]
+    if out is not None and result is not out:
+        np.copyto(out, result)
+        return out
     return result
 
 

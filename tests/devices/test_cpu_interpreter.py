@@ -178,12 +178,14 @@ def test_matmul_and_attention_split_over_threads_match(monkeypatch):
     q = b.transpose(h, (0, 2, 1, 3))  # (B, H, T, D) from a strided view
     y = b.attention(q, q, b.tanh(q), causal=True)
     z = b.matmul(b.reshape(y, (6, 4, 4)), b.transpose(b.reshape(y, (6, 4, 4))))
-    loss = b.sum(b.mul(z, z))
+    ce = b.cross_entropy(z, b.input("t", (6, 4), "int32"))
+    loss = b.add(b.sum(b.mul(z, z)), b.sum(ce))
     graph = training_graph(Graph.of({"loss": loss}))
     feeds = {"x": RNG.normal(size=(3, 4, 6)), "w": RNG.normal(size=(6, 8))}
+    feeds["t"] = RNG.integers(0, 4, (6, 4)).astype(np.int32)
     split, whole = CpuProgram(graph, threads=2), CpuProgram(graph, threads=1)
     ops = {s.node.op.label for s in split.steps if s.split is not None}
-    assert {"matmul", "attention", "attention-grad"} <= ops
+    assert {"matmul", "attention", "attention-grad", "cross-entropy", "cross-entropy-grad"} <= ops
     got, want = split(feeds), whole(feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)

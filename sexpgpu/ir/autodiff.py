@@ -13,6 +13,7 @@ from sexpgpu.ir import builder as b
 from sexpgpu.ir import vjp_rules as _vjp_rules  # noqa: F401  (fills VJP_RULES)
 from sexpgpu.ir.dtypes import FLOATS
 from sexpgpu.ir.node import Graph, Node, topological_order
+from sexpgpu.ir.ops import Op
 from sexpgpu.ir.rules import VJP_EXEMPT, VJP_RULES
 
 __all__ = ["grad", "training_graph"]
@@ -43,12 +44,13 @@ def grad(loss: Node, wrt: Sequence[Node], cotangent: Node | None = None) -> tupl
     order = topological_order([loss])
     active = _depends_on(order, wrt)
     wanted = {id(w) for w in wrt}
-    cts: dict[int, Node] = {id(loss): cotangent}
+    cts: dict[int, list[Node]] = {id(loss): [cotangent]}
     found: dict[int, Node] = {}
     for node in reversed(order):
-        g = cts.pop(id(node), None)
-        if g is None:
+        parts = cts.pop(id(node), None)
+        if parts is None:
             continue
+        g = _total(parts)
         if id(node) in wanted:
             found[id(node)] = g
         if node.op in VJP_EXEMPT or id(node) not in active:
@@ -60,9 +62,51 @@ def grad(loss: Node, wrt: Sequence[Node], cotangent: Node | None = None) -> tupl
             assert gx.shape == x.shape, (node, x, gx)
             if gx.dtype != x.dtype:
                 gx = b.cast(gx, x.dtype, span=node.span)
-            prev = cts.get(id(x))
-            cts[id(x)] = gx if prev is None else b.add(prev, gx, span=node.span)
+            cts.setdefault(id(x), []).append(gx)
     return tuple(found.get(id(w)) or _zeros(w) for w in wrt)
+
+
+def _total(parts: list[Node]) -> Node:
+    """The sum of a value's cotangent contributions (fan-out).
+
+    Contributions that are zero-padded slices tiling one axis without
+    overlap (the cotangents of ``q``, ``k``, ``v`` cut from one ``qkv``) are
+    joined with one ``concat`` instead of padded and added.
+    """
+    joined = _join_pads(parts)
+    if joined is not None:
+        return joined
+    total = parts[0]
+    for part in parts[1:]:
+        total = b.add(total, part, span=part.span)
+    return total
+
+
+def _join_pads(parts: list[Node]) -> Node | None:
+    if len(parts) < 2 or any(p.op is not Op.PAD for p in parts):
+        return None
+    axis = parts[0].attrs["axis"]
+    if any(p.attrs["axis"] != axis for p in parts):
+        return None
+    pieces, at = [], 0
+    for p in sorted(parts, key=lambda p: p.attrs["before"]):
+        start = p.attrs["before"]
+        if start < at:
+            return None  # overlapping ranges: add them
+        if start > at:
+            pieces.append(_zeros_like_gap(p, axis, start - at))
+        pieces.append(p.inputs[0])
+        at = start + p.inputs[0].shape[axis]
+    end = parts[0].shape[axis]
+    if at < end:
+        pieces.append(_zeros_like_gap(parts[0], axis, end - at))
+    return b.concat(pieces, axis, span=parts[0].span)
+
+
+def _zeros_like_gap(like: Node, axis: int, size: int) -> Node:
+    shape = (*like.shape[:axis], size, *like.shape[axis + 1 :])
+    zero = b.constant(0.0, like.dtype, span=like.span)
+    return b.broadcast_to(zero, shape, span=like.span)
 
 
 def _depends_on(order: list[Node], wrt: Sequence[Node]) -> set[int]:

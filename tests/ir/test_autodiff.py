@@ -134,3 +134,34 @@ def test_embedding_gradient_matches_torch():
     t = torch.tensor(feeds["wte"], requires_grad=True)
     (t[torch.tensor(feeds["ids"]).long()] ** 2).sum().backward()
     np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-12)
+
+
+def test_cotangents_of_tiling_slices_are_joined_by_concat():
+    qkv = b.param("qkv", (2, 9), "f64")
+    q, k, v = (b.slice(qkv, 1, 3 * i, 3 * i + 3) for i in range(3))
+    tail = b.slice(qkv, 1, 7, 9)  # overlaps v: added, not joined
+    loss = b.sum(b.add(b.mul(q, k), b.tanh(v)))
+    (g,) = grad(loss, [qkv])
+    assert g.op.label == "concat" and "pad" not in {n.op.label for n in topological_order([g])}
+    (g2,) = grad(b.add(loss, b.sum(tail)), [qkv])
+    value = RNG.normal(size=(2, 9))
+    out = run(Graph.of({"g": g, "g2": g2}), {"qkv": value})
+    t = torch.tensor(value, requires_grad=True)
+    tq, tk, tv = t[:, :3], t[:, 3:6], t[:, 6:]
+    ((tq * tk).sum() + torch.tanh(tv).sum() + t[:, 7:].sum()).backward()
+    want = t.grad.numpy().copy()
+    want[:, 7:] -= 1
+    np.testing.assert_allclose(out["g"], want, rtol=1e-12)
+    np.testing.assert_allclose(out["g2"], t.grad.numpy(), rtol=1e-12)
+
+
+def test_cotangent_with_a_gap_is_padded_with_zeros():
+    x = b.param("x", (7,), "f64")
+    loss = b.add(b.sum(b.exp(b.slice(x, 0, 1, 3))), b.sum(b.slice(x, 0, 5, 6)))
+    (g,) = grad(loss, [x])
+    value = RNG.normal(size=7)
+    got = run(Graph.of({"g": g}), {"x": value})["g"]
+    want = np.zeros(7)
+    want[1:3] = np.exp(value[1:3])
+    want[5] = 1
+    np.testing.assert_allclose(got, want, rtol=1e-12)

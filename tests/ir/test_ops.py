@@ -317,9 +317,9 @@ def test_constant_is_rounded_and_broadcast():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_in_several_row_blocks(monkeypatch, causal):
-    from sexpgpu.ir import numpy_impl
+    from sexpgpu.ir import numpy_fused
 
-    monkeypatch.setattr(numpy_impl, "_ATTENTION_ROWS", 3)
+    monkeypatch.setattr(numpy_fused, "_ATTENTION_ROWS", 3)
     check_op(
         lambda q, k, v: b.attention(q, k, v, causal=causal),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),

@@ -12,9 +12,11 @@ that index is shared (the Khatri-Rao sketch). Labels name the legs::
     projected S       (e, r_0 .. r_{k-1})   sites j+1 .. n-1 against the output
     test tensor       (s, x_0, x_k)
 
-The order keeps the biggest bond (usually the last layer's: the MPS, or the
-product's ket side) inside the GEMMs, and pairs the test tensor where it shrinks
-the intermediate most.
+Orders: the left environment meets the wide layers by plain GEMMs, and the
+test tensor is first folded into a thin end layer (an MPO of small bond) when
+there is one, so that the shared sketch index only ever meets small tensors;
+the right-hand chain runs top-down or bottom-up, whichever needs fewer
+multiply-adds.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from math import prod
 
 import numpy as np
 
-__all__ = ["core_labels", "env_step", "environment_labels", "pair", "right_block"]
+__all__ = [
+    "arrange",
+    "core_labels",
+    "env_peak_per_column",
+    "env_step",
+    "environment_labels",
+    "pair",
+    "right_block",
+]
 
 Labels = tuple[str, ...]
 

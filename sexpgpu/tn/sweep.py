@@ -1,4 +1,4 @@
-"""The SRC sweep over a stack in ket form (Camaño, Epperly and Tropp, Alg. 1).
+"""The SRC sweep over a stack in ket form (Camaño, Epperly and Tropp, arXiv:2504.06475).
 
 Left to right, the sketched left environments are built and stored::
 

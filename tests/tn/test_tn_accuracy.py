@@ -160,3 +160,26 @@ def test_tiny_host_budget_batches_and_spills_to_disk(tmp_path, caplog):
     assert list((tmp_path / "scratch").iterdir()) == []  # scratch files removed
     for a, b in zip(whole, spilled, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def _raw_train(rng, n, bond, legs):
+    """A train with the same bond everywhere (bigger than the edges need)."""
+    sites = []
+    for j in range(n):
+        left = [bond] if j > 0 else []
+        right = [bond] if j < n - 1 else []
+        sites.append(rng.standard_normal((*left, *right, *legs)))
+    return sites
+
+
+def test_rectangular_legs_and_oversized_edge_bonds_are_exact():
+    rng = np.random.default_rng(12)
+    a = _raw_train(rng, 5, 2, (2, 3))  # u=2, d=3
+    b = _raw_train(rng, 5, 3, (3, 2))
+    psi = _raw_train(rng, 5, 4, (2,))
+    phi = _raw_train(rng, 5, 3, (2,))
+    for stack in ([a, b], [a, b, psi], [phi, a, b], [b, a], [phi, a], [a]):
+        out = src(*stack, chi_out=200, seed=0)
+        assert rel_error(out, dense_stack(stack)) < 1e-12
+        # bonds never exceed the exact rank bound at the edges
+        assert out[0].shape[0] <= np.prod(out[0].shape[1:])

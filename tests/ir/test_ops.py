@@ -326,3 +326,25 @@ def test_attention_in_several_row_blocks(monkeypatch, causal):
         [A((2, 8, 4))] * 3,
         dtypes=("f64", "f32"),
     )
+
+
+def _random_broadcast_pair(rng: np.random.Generator) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    out = tuple(int(d) for d in rng.integers(1, 4, size=rng.integers(1, 4)))
+    a = tuple(d if rng.random() < 0.6 else 1 for d in out)
+    b_ = tuple(d if rng.random() < 0.6 else 1 for d in out)[int(rng.integers(0, len(out))) :]
+    return a, b_
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_binary_ops_on_random_broadcast_shapes(seed):
+    rng = np.random.default_rng(100 + seed)
+    sa, sb = _random_broadcast_pair(rng)
+    for build, fn, kinds in [
+        (b.add, torch.add, ("float", "float")),
+        (b.mul, torch.mul, ("float", "float")),
+        (b.div, torch.div, ("float", "positive")),
+        (b.maximum, torch.maximum, ("float", "float")),
+    ]:
+        check_op(build, fn, [A(sa, kinds[0]), A(sb, kinds[1])], seed=seed, dtypes=("f64", "f32"))
+    cond = A(sb, "bool")
+    check_op(b.where, torch.where, [cond, A(sa), A(sb)], seed=seed, dtypes=("f64",))

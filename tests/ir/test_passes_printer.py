@@ -130,3 +130,14 @@ def test_rank_zero_arithmetic_folds_and_runs_in_every_dtype():
         for g in (graph, folded):
             got = run(g, {"x": np.array(1)})["y"]
             assert isinstance(got, np.ndarray) and got.shape == () and float(got) == 7.0
+
+
+def test_printed_spans_are_comments_that_read_back():
+    from sexpgpu.errors import Source, Span
+
+    span = Span(Source("m.lisp", "(tanh x)\n"), 1, 1, 1, 9)
+    x = b.input("x", (2,), "f32", span=span)
+    graph = Graph.of({"y": b.tanh(x, span=span)})
+    text = format_graph(graph)
+    assert "(%1 f32 [2] (tanh %0))  ; m.lisp:1:1" in text
+    assert format_graph(parse_graph(text), spans=False) == format_graph(graph, spans=False)

@@ -165,3 +165,15 @@ def test_cotangent_with_a_gap_is_padded_with_zeros():
     want[1:3] = np.exp(value[1:3])
     want[5] = 1
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_deep_chains_need_no_recursion():
+    x = b.param("x", (3,), "f32")
+    y = x
+    for _ in range(5000):
+        y = b.mul(y, b.constant(1.0001, "f32"))
+    (g,) = grad(b.sum(y), [x])
+    graph = Graph.of({"g": g})
+    verify(graph)
+    out = run(graph, {"x": np.ones(3)})["g"]
+    np.testing.assert_allclose(out, np.full(3, 1.0001**5000), rtol=1e-3)

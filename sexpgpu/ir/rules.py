@@ -10,8 +10,8 @@
   of each operand given the cotangent `g` of the result, built from IR nodes;
   ``needs[i]`` says whether operand ``i`` wants one (None where not).
 
-Each table is filled by its decorator in its own module (`shape_rules`,
-`numpy_impl`, `vjp_rules`). Every op has an entry in every table or sits in
+Each table is filled by its decorator in its own modules (`shape_rules`,
+`numpy_impl` and `numpy_fused`, `vjp_rules`). Every op has an entry in every table or sits in
 that table's exemption set; a test checks it.
 """
 

@@ -162,12 +162,15 @@ def _env_step_thin_top(
     ::
 
         W = omega . G_0 over x_0         (s, x_k, l_0, r_0, x_1)    small
-        C_j . W over l_0, s shared        (s, l_1.., x_k, r_0, x_1)
+        W . C_j over l_0, s shared        (s, x_k, r_0, x_1, l_1..)
         then G_1 .. G_{k-1}, each one GEMM over (l_i, x_i[, x_k])
+
+    W stands first so that the product lays out ``(s, x_k, r_0 | x_1, l_1)``:
+    with a ket last (``x_k`` of size 1) the next GEMM reads it without a copy.
     """
     k = len(cores)
     w, lw = pair(omega, ("s", "x0", f"x{k}"), cores[0], core_labels(0))
-    x, lx = pair(env, environment_labels(k, "s", "l"), w, lw, batch=("s",))
+    x, lx = pair(w, lw, env, environment_labels(k, "s", "l"), batch=("s",))
     for i in range(1, k):
         x, lx = pair(x, lx, cores[i], core_labels(i))
     return arrange(x, lx, environment_labels(k, "s", "r"))

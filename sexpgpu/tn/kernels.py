@@ -63,7 +63,12 @@ def _as_matrix(
 
 
 def pair(
-    a: np.ndarray, la: Labels, b: np.ndarray, lb: Labels, batch: Labels = ()
+    a: np.ndarray,
+    la: Labels,
+    b: np.ndarray,
+    lb: Labels,
+    batch: Labels = (),
+    free_b: Labels | None = None,
 ) -> tuple[np.ndarray, Labels]:
     """Contract every label ``a`` and ``b`` share, except ``batch``, with one product.
 
@@ -75,6 +80,9 @@ def pair(
         Their labels, one per axis.
     batch : tuple of str
         Shared labels kept as a batch axis (``np.matmul``), first in the result.
+    free_b : tuple of str, optional
+        The order of ``b``'s free labels in the result (default: ``b``'s), so
+        that the next product can read the result without a copy.
 
     Returns
     -------
@@ -87,7 +95,8 @@ def pair(
     # The contracted legs follow the bigger operand's layout, so that one is not copied.
     contract = [x for x in (la if a.size >= b.size else lb) if x in shared]
     free_a = [x for x in la if x not in lb]
-    free_b = [x for x in lb if x not in la]
+    if free_b is None:
+        free_b = tuple(x for x in lb if x not in la)
     dims = dict(zip(la, a.shape, strict=True)) | dict(zip(lb, b.shape, strict=True))
     out = (*batch, *free_a, *free_b)
     if not batch:
@@ -191,7 +200,10 @@ def _env_step_thin_bottom(
     w, lw = pair(omega, ("s", "x0", f"x{k}"), cores[-1], core_labels(k - 1))
     x, lx = env, environment_labels(k, "s", "l")
     for i in range(k - 1):
-        x, lx = pair(x, lx, cores[i], core_labels(i))
+        free = tuple(a for a in core_labels(i) if a not in lx)
+        if i == k - 2:  # r_i last: the fold below then reads x as a transposed view
+            free = (*(a for a in free if a != f"r{i}"), f"r{i}")
+        x, lx = pair(x, lx, cores[i], core_labels(i), free_b=free)
     x, lx = pair(x, lx, w, lw, batch=("s",))
     return arrange(x, lx, environment_labels(k, "s", "r"))
 

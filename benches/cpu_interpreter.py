@@ -106,28 +106,23 @@ def run_sexpgpu(args: argparse.Namespace) -> dict:
 
 
 def _install_profiler(profile: dict[str, float]) -> None:
-    """Time every op the interpreter evaluates (whole or split over threads), by op."""
-    import sexpgpu.devices.cpu as cpu
+    """Time every op the interpreter computes (whole or split over threads), by op."""
+    from sexpgpu.devices.cpu import CpuProgram
 
-    def key(node) -> str:
-        label = node.op.label
-        if label == "matmul":
+    inner = CpuProgram._compute
+
+    def timed(self, step, values, pool):
+        start = time.perf_counter()
+        result = inner(self, step, values, pool)
+        node = step.node
+        key = node.op.label
+        if key == "matmul":
             a, b = node.inputs
-            label += " " + "x".join(map(str, a.shape)) + "@" + "x".join(map(str, b.shape))
-        return label
+            key += " " + "x".join(map(str, a.shape)) + "@" + "x".join(map(str, b.shape))
+        profile[key] += time.perf_counter() - start
+        return result
 
-    def wrap(inner, node_of):
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            result = inner(*args, **kwargs)
-            profile[key(node_of(args))] += time.perf_counter() - start
-            return result
-
-        return timed
-
-    cpu.evaluate = wrap(cpu.evaluate, lambda args: args[0])
-    if hasattr(cpu, "evaluate_split"):
-        cpu.evaluate_split = wrap(cpu.evaluate_split, lambda args: args[0])
+    CpuProgram._compute = timed
 
 
 def run_torch(args: argparse.Namespace) -> dict:

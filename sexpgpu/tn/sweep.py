@@ -87,23 +87,33 @@ def _read(stack: Stack, j: int, work: np.dtype) -> list[np.ndarray]:
     return [core.astype(work, copy=False) for core in stack.read(j)]
 
 
-def _ranges(n: int, batch: int) -> list[tuple[int, int]]:
-    return [(lo, min(lo + batch, n)) for lo in range(0, n, batch)]
-
-
 def _left_to_right(
     stack: Stack, sketches: SketchSource, work: np.dtype, plan: Plan, store: EnvironmentStore
 ) -> None:
     """Build and store ``C_1 .. C_{n-1}``."""
     size, k = sketches.size, len(stack.layers)
     env = np.ones((size,) + (1,) * k, dtype=work)
+    batch = plan.env_batch
     for j in range(stack.n_sites - 1):
         cores = _read(stack, j, work)
         up, down = cores[0].shape[2], cores[-1].shape[3]
         omega = sketches.draw(up, down).astype(work, copy=False)
         out = store.allocate(j + 1, (size, *(c.shape[1] for c in cores)), work)
-        for lo, hi in _ranges(size, plan.env_batch):
-            out[lo:hi] = env_step(env[lo:hi], omega[lo:hi], cores)
+        lo = 0
+        while lo < size:
+            hi = min(lo + batch, size)
+            try:
+                out[lo:hi] = env_step(env[lo:hi], omega[lo:hi], cores)
+            except MemoryError:
+                # The columns are independent: halve the batch for the rest of the sweep.
+                if hi - lo == 1:
+                    raise
+                batch = (hi - lo + 1) // 2
+                logger.debug(
+                    "out of memory in a batch of %d columns; %d from now on", hi - lo, batch
+                )
+                continue
+            lo = hi
         env = out
         del cores, omega  # released before the next site is read
         logger.debug("left-to-right: site %d of %d", j + 1, stack.n_sites - 1)

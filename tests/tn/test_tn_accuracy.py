@@ -183,3 +183,24 @@ def test_rectangular_legs_and_oversized_edge_bonds_are_exact():
         assert rel_error(out, dense_stack(stack)) < 1e-12
         # bonds never exceed the exact rank bound at the edges
         assert out[0].shape[0] <= np.prod(out[0].shape[1:])
+
+
+def test_out_of_memory_halves_the_batch(monkeypatch, caplog):
+    import sexpgpu.tn.sweep as sweep_module
+
+    stack = make_stack("OS", 6, np.random.default_rng(6), chi=8, bond=3)
+    whole = src(*stack, chi_out=5, seed=2)
+    real = sweep_module.env_step
+
+    def fragile(env, omega, cores):
+        if env.shape[0] > 2:
+            raise MemoryError
+        return real(env, omega, cores)
+
+    monkeypatch.setattr(sweep_module, "env_step", fragile)
+    with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
+        halved = src(*stack, chi_out=5, seed=2)
+    assert "out of memory in a batch of 5 columns; 3 from now on" in caplog.text
+    assert "2 from now on" in caplog.text
+    for a, b in zip(whole, halved, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

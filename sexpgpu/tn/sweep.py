@@ -50,6 +50,10 @@ class Plan:
     ----------
     env_batch : int
         Sketch columns per product of the left-to-right pass.
+    proj_batch : int
+        Rows of the projected environment per block of the right-to-left pass;
+        a site with more rows computes its block ``Z`` twice, once for the
+        sketch and once for the projection, rather than holding all of it.
     env_bytes : int
         Bytes of all stored environments.
     store_budget : int
@@ -59,6 +63,7 @@ class Plan:
     """
 
     env_batch: int
+    proj_batch: int
     env_bytes: int
     store_budget: int
     work_bytes: int
@@ -67,8 +72,11 @@ class Plan:
 def make_plan(stack: Stack, size: int, work: np.dtype, host_budget: int) -> Plan:
     """Size the batches and the in-memory share of the environments to a host budget."""
     item = work.itemsize
-    per_column = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites)) * item
-    env_batch = int(min(size, max(1, (host_budget // 2) // per_column)))
+    # A sketch column on the left and a projected row on the right run through
+    # the same chain of products, so one bound serves both passes.
+    per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites)) * item
+    env_batch = int(min(size, max(1, (host_budget // 2) // per_line)))
+    proj_batch = int(min(size, max(1, (host_budget // 2) // per_line)))
     env_bytes, rtl = 0, 0
     for j in range(stack.n_sites):
         shapes = stack.shapes(j)
@@ -76,10 +84,10 @@ def make_plan(stack: Stack, size: int, work: np.dtype, host_budget: int) -> Plan
         rows = min(size, prod(s[1] for s in shapes)) * shapes[0][2] * shapes[-1][3]
         if j > 0:
             env_bytes += size * lefts * item
-        # Z and a rearranged copy, the sketch, and the new projected environment
-        rtl = max(rtl, (2 * rows * lefts + rows * size + size * lefts) * item)
-    work_bytes = max(env_batch * per_column, rtl)
-    return Plan(env_batch, env_bytes, max(0, host_budget - work_bytes), work_bytes)
+        # the sketch, the environment read back, and the new projected environment
+        rtl = max(rtl, (rows * size + 2 * size * lefts) * item)
+    work_bytes = max(env_batch, proj_batch) * per_line + rtl
+    return Plan(env_batch, proj_batch, env_bytes, max(0, host_budget - work_bytes), work_bytes)
 
 
 def _read(stack: Stack, j: int, work: np.dtype) -> list[np.ndarray]:
@@ -150,7 +158,7 @@ def _left_ranks(stack: Stack) -> list[int]:
 
 
 def _right_to_left(
-    stack: Stack, size: int, work: np.dtype, cutoff: float, store: EnvironmentStore
+    stack: Stack, size: int, work: np.dtype, cutoff: float, plan: Plan, store: EnvironmentStore
 ) -> list[np.ndarray]:
     """Build the right-canonical output cores from the last site down."""
     k = len(stack.layers)
@@ -158,19 +166,51 @@ def _right_to_left(
     caps = _left_ranks(stack)
     reversed_cores: list[np.ndarray] = []
     for j in range(stack.n_sites - 1, 0, -1):
-        z = right_block(proj, _read(stack, j, work))  # (e, u, d, l..)
-        e, up, down, *lefts = z.shape
-        z = z.reshape(e * up * down, -1)
+        cores = _read(stack, j, work)
         env = store.take(j).reshape(size, -1)  # (s, l..)
-        q = _basis(z @ env.T, cutoff, caps[j - 1])  # (e u d, c)
+        e, lefts = proj.shape[0], [c.shape[0] for c in cores]
+        up, down = cores[0].shape[2], cores[-1].shape[3]
+        if e <= plan.proj_batch:
+            z = right_block(proj, cores).reshape(e * up * down, -1)  # (e u d, l..)
+            q = _basis(z @ env.T, cutoff, caps[j - 1])  # (e u d, c)
+            proj_next = q.T.conj() @ z
+        else:
+            q, proj_next = _blocked_step(proj, cores, env, cutoff, caps[j - 1], plan.proj_batch)
         del env
         core = np.ascontiguousarray(q.T).reshape(-1, e, up, down)  # (c, e, u, d)
         reversed_cores.append(core)
-        proj = (q.T.conj() @ z).reshape(-1, *lefts)  # (c, l..)
+        proj = proj_next.reshape(-1, *lefts)  # (c, l..)
+        del cores
         logger.debug("right-to-left: site %d, bond %d", j, core.shape[0])
     z = right_block(proj, _read(stack, 0, work))
     first = z.reshape(1, *z.shape[:3])  # (1, e, u, d)
     return [first, *reversed(reversed_cores)]
+
+
+def _blocked_step(
+    proj: np.ndarray,
+    cores: list[np.ndarray],
+    env: np.ndarray,
+    cutoff: float,
+    cap: int,
+    rows: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One right-to-left step with ``Z`` in blocks of ``rows`` projected rows.
+
+    The rows of ``Z`` are ``(e, u, d)``, so a block of ``e`` is a block of rows
+    of the sketch and of columns of ``Q^H``. Each block is computed twice.
+    """
+    blocks = [(lo, min(lo + rows, proj.shape[0])) for lo in range(0, proj.shape[0], rows)]
+
+    def z_block(lo: int, hi: int) -> np.ndarray:
+        z = right_block(proj[lo:hi], cores)
+        return z.reshape(z.shape[0] * z.shape[1] * z.shape[2], -1)
+
+    q = _basis(np.concatenate([z_block(lo, hi) @ env.T for lo, hi in blocks]), cutoff, cap)
+    qh = q.T.conj()
+    ud = q.shape[0] // proj.shape[0]
+    proj_next = sum(qh[:, lo * ud : hi * ud] @ z_block(lo, hi) for lo, hi in blocks)
+    return q, proj_next
 
 
 def truncate(cores: list[np.ndarray], chi_out: int, cutoff: float) -> list[np.ndarray]:
@@ -238,12 +278,14 @@ def sweep(
     plan = make_plan(stack, sketches.size, work, host_budget)
     logger.debug(
         "SRC plan: sites=%d, layers=%d, sketch=%d, dtype=%s, env batch=%d, "
-        "environments=%d B (in memory up to %d B), working set=%d B",
+        "projected rows per block=%d, environments=%d B (in memory up to %d B), "
+        "working set=%d B",
         stack.n_sites,
         len(stack.layers),
         sketches.size,
         work,
         plan.env_batch,
+        plan.proj_batch,
         plan.env_bytes,
         plan.store_budget,
         plan.work_bytes,
@@ -255,7 +297,8 @@ def sweep(
         logger.debug("left-to-right pass: %.3f s", middle - start)
         if store.spilled_bytes:
             logger.debug("environments on disk: %d B", store.spilled_bytes)
-        cores = _right_to_left(stack, sketches.size, work, 0.0 if truncate_to else cutoff, store)
+        cutoff_here = 0.0 if truncate_to else cutoff
+        cores = _right_to_left(stack, sketches.size, work, cutoff_here, plan, store)
         logger.debug("right-to-left pass: %.3f s", perf_counter() - middle)
     if truncate_to is not None:
         start = perf_counter()

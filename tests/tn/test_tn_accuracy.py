@@ -148,14 +148,17 @@ def test_two_site_stacks_are_exact_with_a_warning(shape, caplog):
     assert rel_error(one, target) == pytest.approx(best, rel=1e-8)
 
 
-def test_tiny_host_budget_batches_and_spills_to_disk(tmp_path, caplog):
-    # One sketch column per product, every environment on disk: the same result.
-    stack = make_stack("OS", 8, np.random.default_rng(3), chi=8, bond=3)
+@pytest.mark.parametrize("shape", ["OS", "OO", "SOO"])
+def test_tiny_host_budget_batches_and_spills_to_disk(tmp_path, caplog, shape):
+    # One sketch column and one projected row per product, every environment on
+    # disk: the same result.
+    stack = make_stack(shape, 8, np.random.default_rng(3), np.complex128, chi=8, bond=3)
     whole = src(*stack, chi_out=6, seed=1)
     tiny = Resources(host_memory="1B", scratch_dir=tmp_path / "scratch")
     with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
         spilled = src(*stack, chi_out=6, seed=1, resources=tiny)
     assert "env batch=1," in caplog.text
+    assert "projected rows per block=1," in caplog.text
     assert "environments on disk" in caplog.text
     assert list((tmp_path / "scratch").iterdir()) == []  # scratch files removed
     for a, b in zip(whole, spilled, strict=True):

@@ -47,16 +47,16 @@ def _gelu(node: Node, x: np.ndarray, out: Out = None) -> np.ndarray:
 
 @impl_rule(Op.GELU_GRAD)
 def _gelu_grad(node: Node, x: np.ndarray, g: np.ndarray, out: Out = None) -> np.ndarray:
-    # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    # d/dx = 0.5 (1 + t) + (1 - t^2) * 0.5 sqrt(2/pi) x (1 + 3 * 0.044715 x^2)
     t = _gelu_tanh(x)
-    inner = np.multiply(x, x)
-    inner *= 3 * _GELU_A
-    inner += 1
-    inner *= x
-    inner *= 0.5 * _GELU_C
-    slope = np.multiply(t, t)
-    np.subtract(1, slope, out=slope)
-    slope *= inner
+    slope = np.multiply(x, x)
+    slope *= 3 * _GELU_A
+    slope += 1
+    slope *= x
+    slope *= 0.5 * _GELU_C
+    square = np.multiply(t, t)
+    np.subtract(1, square, out=square)
+    slope *= square
     t += 1
     t *= 0.5
     slope += t

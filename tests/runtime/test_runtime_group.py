@@ -24,6 +24,14 @@ def cpu_group(size: int, timeout: float = 10.0) -> DeviceGroup:
     return DeviceGroup([f"cpu:{r}" for r in range(size)], timeout=timeout)
 
 
+def wait_until(condition, seconds: float = 30.0) -> bool:
+    """Poll `condition` until it holds or `seconds` pass (slow CI machines need time)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
 def rank_data(size: int, shape=(7, 3), dtype=np.float64, seed=0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed + size)
     return [rng.standard_normal(shape).astype(dtype) for _ in range(size)]
@@ -182,7 +190,7 @@ def failing_step(where: str, bad_rank: int, seen: dict):
     return step
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("where", ["before", "between", "after"])
 @pytest.mark.parametrize("size", [2, 3, 5])
 def test_a_failing_rank_aborts_the_group(where, size):
@@ -192,7 +200,7 @@ def test_a_failing_rank_aborts_the_group(where, size):
         with pytest.raises(Boom, match=f"rank {bad_rank}") as info:
             # A long timeout: the abort, not the timeout, must release the ranks.
             cpu_group(size, timeout=60).run(failing_step(where, bad_rank, seen))
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 20  # far below the timeout, even on a loaded machine
         assert info.value.__notes__ == [f"raised on rank {bad_rank} (cpu:{bad_rank}) of {size}"]
         assert set(seen) == set(range(size)) - {bad_rank}
         for err in seen.values():
@@ -207,8 +215,8 @@ def test_a_rank_busy_in_its_own_work_sees_the_abort_at_its_next_collective():
     def step(ctx):
         if ctx.rank == 0:
             raise Boom("early")
-        time.sleep(0.2)  # not waiting at a barrier when rank 0 fails
-        assert ctx.aborted
+        # busy in its own work, not waiting at a barrier, when rank 0 fails
+        assert wait_until(lambda: ctx.aborted)
         try:
             ctx.all_reduce(1.0)
         except GroupAborted as err:
@@ -224,16 +232,17 @@ def test_a_rank_busy_in_its_own_work_sees_the_abort_at_its_next_collective():
 def test_a_rank_that_never_arrives_times_out():
     def step(ctx):
         if ctx.rank == 2:
-            time.sleep(1.0)  # stuck in its own work, past the timeout
+            wait_until(lambda: ctx.aborted)  # stuck in its own work, past the timeout
             return None
         ctx.all_reduce(np.zeros(2))
 
     start = time.monotonic()
     with pytest.raises(GroupTimeout) as info:
-        cpu_group(4, timeout=0.3).run(step)
+        # long enough for ranks 0, 1 and 3 to reach the all-reduce on a loaded machine
+        cpu_group(4, timeout=2.0).run(step)
     assert info.value.missing == (2,)
     assert "in all_reduce for rank(s) 2, which never arrived" in str(info.value)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 30
 
 
 @pytest.mark.timeout(60)
@@ -267,14 +276,14 @@ def test_a_rank_that_returns_early_is_a_mismatch(delay_rank):
         cpu_group(2, timeout=60).run(step)
 
 
+@pytest.mark.timeout(60)
 def test_ctx_check_raises_after_an_abort():
     checked = threading.Event()
 
     def step(ctx):
         if ctx.rank == 1:
             raise Boom("x")
-        while not ctx.aborted:
-            time.sleep(0.01)
+        assert wait_until(lambda: ctx.aborted)
         with pytest.raises(GroupAborted, match="rank 1"):
             ctx.check()
         checked.set()

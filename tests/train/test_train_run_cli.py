@@ -2,15 +2,13 @@
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from sigkill_helpers import kill_at_step
 
 from sexpgpu.cli import main
 from sexpgpu.train import load_checkpoint, run_experiment
@@ -141,19 +139,8 @@ def test_cli_sigkill_then_resume_equals_uninterrupted(tmp_path):
     path = _experiment(tmp_path, text)
     run_dir = tmp_path / "killed"
     env = dict(os.environ, SEXPGPU_DEVICE="cpu")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sexpgpu", "run", str(path), "--out", str(run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    deadline = time.monotonic() + 120
-    while max(_series(run_dir, "train/loss"), default=0) < 150:
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    # `sexpgpu run` killed after step 150: past the checkpoint of step 100
+    kill_at_step(150, "sexpgpu", "run", str(path), "--out", str(run_dir), workdir=tmp_path, env=env)
     killed_at = max(_series(run_dir, "train/loss"))
     resumed = run_experiment(path, out=run_dir, resume="latest")
     assert resumed.resumed_from is not None and resumed.resumed_from < killed_at

@@ -3,11 +3,11 @@
 from pathlib import Path
 
 import numpy as np
+from run_reference import series
 from sigkill_helpers import kill_at_step
 from standin_program import Data, Mlp, Spec
 
 from sexpgpu.train.loop import Trainer
-from sexpgpu.train.metrics import read_metrics
 from sexpgpu.train.settings import RunSettings
 
 HERE = Path(__file__).resolve().parent
@@ -41,15 +41,7 @@ def trainer(run_dir: Path, resume: str | None = None) -> Trainer:
 
 
 def _losses(run_dir):
-    return {
-        r["step"]: r["value"]
-        for r in read_metrics(run_dir / "metrics.jsonl")
-        if r["name"] == "train/loss"
-    }
-
-
-def _last_step(run_dir):
-    return max(_losses(run_dir), default=0)
+    return series(run_dir, "train/loss")
 
 
 def test_sigkill_between_checkpoints_then_resume(tmp_path):
@@ -58,7 +50,7 @@ def test_sigkill_between_checkpoints_then_resume(tmp_path):
     script.write_text(SCRIPT.format(here=str(HERE), run_dir=str(run_dir)))
     # killed after step 13: past the checkpoint of step 10, before that of 20
     kill_at_step(13, str(script), workdir=tmp_path)
-    killed_at = _last_step(run_dir)
+    killed_at = max(_losses(run_dir))
     assert killed_at < 30
 
     resumed = trainer(run_dir, resume="latest").run()

@@ -1,15 +1,15 @@
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from run_reference import series, torch_mlp_losses
 from standin_program import Bigram, Data, Diagnostic, Mlp, Spec
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.data import make_loader
 from sexpgpu.train.loop import Trainer
 from sexpgpu.train.metrics import read_metrics
+from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
 
 DIGITS = Data("digits", "digits", options={"split": 0.9})
@@ -35,50 +35,17 @@ def _trainer(tmp_path, settings, devices=("cpu:0",), name="run", **kw):
     )
 
 
-def _series(run_dir, name):
-    return {
-        r["step"]: r["value"]
-        for r in read_metrics(Path(run_dir) / "metrics.jsonl")
-        if r["name"] == name
-    }
-
-
 def test_ten_step_losses_equal_pytorch_adamw(tmp_path):
     """Golden trajectory: the same MLP, init, batches, clip and schedule in PyTorch."""
     s = _settings()
     trainer = _trainer(tmp_path, s)
     trainer.run()
-    ours = _series(trainer.run_dir, "train/loss")
+    ours = series(trainer.run_dir, "train/loss")
 
-    program = Mlp(batch=s.batch)
-    init = program.init_params(s.seed)
-    w1, b1, w2, b2 = (
-        torch.nn.Parameter(torch.tensor(init[f"mlp/{k}"])) for k in ("w1", "b1", "w2", "b2")
-    )
-    opt = torch.optim.AdamW(
-        [{"params": [w1, w2], "weight_decay": 0.1}, {"params": [b1, b2], "weight_decay": 0.0}],
-        lr=1e-2,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
+    init = Mlp(batch=s.batch).init_params(s.seed)
     loader = make_loader(DIGITS, batch=s.batch, microbatches=2, seed=s.seed)
-    from sexpgpu.train.schedules import make_schedule
-
     lr = make_schedule(s.schedule, 1e-2, s.steps)
-    ref = []
-    for step in range(s.steps):
-        opt.zero_grad()
-        total = 0.0
-        for batch in loader.next_step():
-            x, y = torch.tensor(batch["x"]), torch.tensor(batch["y"]).long()
-            loss = torch.nn.functional.cross_entropy(torch.tanh(x @ w1 + b1) @ w2 + b2, y)
-            (loss / 2).backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_([w1, b1, w2, b2], 0.5)
-        for group in opt.param_groups:
-            group["lr"] = lr(step)
-        opt.step()
-        ref.append(total / 2)
+    ref = torch_mlp_losses([init[f"mlp/{k}"] for k in ("w1", "b1", "w2", "b2")], loader, lr, 10)
     assert sorted(ours) == list(range(1, 11))
     np.testing.assert_allclose([ours[i] for i in range(1, 11)], ref, rtol=0, atol=1e-5)
     assert ref[-1] < ref[0] - 0.3  # it learns: the comparison is not of constants
@@ -95,7 +62,7 @@ def test_resume_continues_bit_for_bit(tmp_path):
     assert resumed.resumed_from == 6
     for k in whole.params:
         assert np.array_equal(whole.params[k], resumed.params[k])
-    a, b = _series(tmp_path / "whole", "train/loss"), _series(tmp_path / "split", "train/loss")
+    a, b = series(tmp_path / "whole", "train/loss"), series(tmp_path / "split", "train/loss")
     assert a == b and len(a) == 12
 
 
@@ -105,9 +72,9 @@ def test_two_simulated_ranks_train_like_one(tmp_path):
     two = _trainer(tmp_path, s, devices=("cpu:0", "cpu:1"), name="two").run()
     for k in one.params:
         np.testing.assert_allclose(one.params[k], two.params[k], rtol=1e-5, atol=1e-6)
-    diag = _series(tmp_path / "two", "diag/grad-norm")
+    diag = series(tmp_path / "two", "diag/grad-norm")
     assert sorted(diag) == [2, 4, 6, 8, 10]
-    annotations = _series(tmp_path / "two", "annotation")
+    annotations = series(tmp_path / "two", "annotation")
     assert annotations[0] == "data: digits (digits), 16 items per microbatch"
 
 
@@ -164,9 +131,9 @@ def test_metrics_status_and_eval_accuracy(tmp_path):
         "eval/accuracy",
         "annotation",
     }
-    assert sorted(_series(run_dir, "eval/accuracy")) == [30, 60]
+    assert sorted(series(run_dir, "eval/accuracy")) == [30, 60]
     assert summary.eval_accuracy > 0.7
-    peaks = _series(run_dir, "runtime/peak_bytes")
+    peaks = series(run_dir, "runtime/peak_bytes")
     assert len(peaks) == 60 and min(peaks.values()) > 0
     notes = [
         r["value"] for r in read_metrics(run_dir / "metrics.jsonl") if r["name"] == "annotation"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from run_reference import series, torch_mlp_losses
 from sigkill_helpers import kill_at_step
 
 from sexpgpu.cli import main
@@ -43,20 +43,12 @@ def _experiment(tmp_path, text=MLP, name="mlp.lisp"):
     return path
 
 
-def _series(run_dir, name):
-    return {
-        r["step"]: r["value"]
-        for r in read_metrics(Path(run_dir) / "metrics.jsonl")
-        if r["name"] == name
-    }
-
-
 def test_mlp_example_reaches_95_percent_in_under_a_minute(tmp_path, capsys):
     began = time.perf_counter()
     assert main(["run", str(ROOT / "examples/mlp.lisp"), "--out", str(tmp_path / "mlp")]) == 0
     seconds = time.perf_counter() - began
     out = capsys.readouterr().out
-    accuracy = _series(tmp_path / "mlp", "eval/accuracy")
+    accuracy = series(tmp_path / "mlp", "eval/accuracy")
     assert accuracy[max(accuracy)] >= 0.95, out
     assert seconds < 60
     assert "done: step" in out and "eval accuracy" in out
@@ -68,7 +60,7 @@ def test_ten_compiled_steps_equal_pytorch(tmp_path):
     """Golden trajectory through the language, tracer and interpreter."""
     path = _experiment(tmp_path)
     run_experiment(path, out=tmp_path / "run")
-    ours = _series(tmp_path / "run", "train/loss")
+    ours = series(tmp_path / "run", "train/loss")
 
     from sexpgpu.devices.program import compile_run
     from sexpgpu.lang import load_experiment
@@ -77,29 +69,10 @@ def test_ten_compiled_steps_equal_pytorch(tmp_path):
     run = experiment.run(None)
     init = compile_run(experiment, run).init_params(3)
     names = ["mlp/linear/weight", "mlp/linear/bias", "mlp/linear.1/weight", "mlp/linear.1/bias"]
-    w1, b1, w2, b2 = (torch.nn.Parameter(torch.tensor(init[n])) for n in names)
-    opt = torch.optim.AdamW(
-        [{"params": [w1, w2], "weight_decay": 0.1}, {"params": [b1, b2], "weight_decay": 0.0}],
-        lr=1e-2,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
     loader = make_loader(experiment.data["digits"], batch=16, microbatches=2, seed=3)
-    lr = make_schedule(run.schedule, 1e-2, 10)
-    ref = []
-    for step in range(10):
-        opt.zero_grad()
-        total = 0.0
-        for batch in loader.next_step():
-            x, y = torch.tensor(batch["x"]), torch.tensor(batch["y"]).long()
-            loss = torch.nn.functional.cross_entropy(torch.tanh(x @ w1 + b1) @ w2 + b2, y)
-            (loss / 2).backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_([w1, b1, w2, b2], 0.5)
-        for group in opt.param_groups:
-            group["lr"] = lr(step)
-        opt.step()
-        ref.append(total / 2)
+    ref = torch_mlp_losses(
+        [init[n] for n in names], loader, make_schedule(run.schedule, 1e-2, 10), 10
+    )
     np.testing.assert_allclose([ours[i] for i in range(1, 11)], ref, rtol=0, atol=1e-5)
     assert ref[-1] < ref[0] - 0.3
 
@@ -122,13 +95,13 @@ def test_n_steps_then_resume_to_2n_equals_2n(tmp_path, capsys):
         assert main(["run", str(const), "--steps", steps, "--out", str(tmp_path / out)]) == 0
     args = ["run", str(const), "--steps", "20", "--out", str(tmp_path / "k1"), "--resume", "latest"]
     assert main(args) == 0
-    assert _series(tmp_path / "k1", "train/loss") == _series(tmp_path / "k2", "train/loss")
+    assert series(tmp_path / "k1", "train/loss") == series(tmp_path / "k2", "train/loss")
     one = load_checkpoint(tmp_path / "k1" / "checkpoints")
     two = load_checkpoint(tmp_path / "k2" / "checkpoints")
     assert one.step == two.step == 20
     for k in two.params:
         assert np.array_equal(one.params[k], two.params[k])
-    assert _series(tmp_path / "a", "train/loss") == _series(tmp_path / "b", "train/loss")
+    assert series(tmp_path / "a", "train/loss") == series(tmp_path / "b", "train/loss")
     capsys.readouterr()
 
 
@@ -141,13 +114,13 @@ def test_cli_sigkill_then_resume_equals_uninterrupted(tmp_path):
     env = dict(os.environ, SEXPGPU_DEVICE="cpu")
     # `sexpgpu run` killed after step 150: past the checkpoint of step 100
     kill_at_step(150, "sexpgpu", "run", str(path), "--out", str(run_dir), workdir=tmp_path, env=env)
-    killed_at = max(_series(run_dir, "train/loss"))
+    killed_at = max(series(run_dir, "train/loss"))
     resumed = run_experiment(path, out=run_dir, resume="latest")
     assert resumed.resumed_from is not None and resumed.resumed_from < killed_at
     whole = run_experiment(path, out=tmp_path / "whole")
     for k in whole.params:
         assert np.array_equal(whole.params[k], resumed.params[k])
-    assert _series(run_dir, "train/loss") == _series(tmp_path / "whole", "train/loss")
+    assert series(run_dir, "train/loss") == series(tmp_path / "whole", "train/loss")
 
 
 def test_two_simulated_ranks_through_the_cli(tmp_path, monkeypatch, capsys):
@@ -155,7 +128,7 @@ def test_two_simulated_ranks_through_the_cli(tmp_path, monkeypatch, capsys):
     assert main(["run", path, "--out", str(tmp_path / "one")]) == 0
     monkeypatch.setenv("SEXPGPU_DEVICES", "0,1")
     assert main(["run", path, "--out", str(tmp_path / "two")]) == 0
-    one, two = _series(tmp_path / "one", "train/loss"), _series(tmp_path / "two", "train/loss")
+    one, two = series(tmp_path / "one", "train/loss"), series(tmp_path / "two", "train/loss")
     np.testing.assert_allclose(
         [two[s] for s in sorted(two)], [one[s] for s in sorted(one)], rtol=1e-5
     )
@@ -202,7 +175,7 @@ def test_a_byte_file_trains_a_tiny_language_model(tmp_path, capsys):
 """
     path = _experiment(tmp_path, text, "lm.lisp")
     assert main(["run", str(path), "--out", str(tmp_path / "lm")]) == 0
-    eval_loss = _series(tmp_path / "lm", "eval/loss")
+    eval_loss = series(tmp_path / "lm", "eval/loss")
     assert eval_loss[60] < np.log(256) - 2.0
     capsys.readouterr()
 

@@ -1,13 +1,13 @@
 """Memory budgets and scratch space for one sweep: `Resources` and byte strings.
 
 A budget is a byte count or a string such as ``"36GB"`` (decimal) or
-``"36GiB"`` (binary). Budgets left unset are detected when a sweep starts.
+``"36GiB"`` (binary), read as ``SEXPGPU_MEMORY`` is (`sexpgpu.runtime.units`).
+Budgets left unset are detected when a sweep starts.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,21 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Resources", "host_memory_available", "parse_bytes", "resolve_host_budget"]
+from sexpgpu.runtime.memory import host_available_bytes
+from sexpgpu.runtime.units import parse_bytes as parse_amount
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]I?B|B)?\s*$", re.IGNORECASE)
+__all__ = ["Resources", "parse_bytes", "resolve_host_budget"]
+
 # Part of the available host memory a detected budget leaves to everything else.
 _HOST_MARGIN = 0.10
 
@@ -41,7 +31,8 @@ def parse_bytes(value: int | str, name: str = "budget") -> int:
     ----------
     value : int or str
         A non-negative integer, or a string such as ``"36GB"`` (``36 * 10**9``)
-        or ``"36GiB"`` (``36 * 2**30``); the unit is case-insensitive.
+        or ``"36GiB"`` (``36 * 2**30``) that names at least one byte; the unit
+        is case-insensitive.
     name : str
         The argument's name, for error messages.
 
@@ -55,7 +46,7 @@ def parse_bytes(value: int | str, name: str = "budget") -> int:
     TypeError
         If the value is neither an integer nor a string.
     ValueError
-        If the value is negative or not a size string.
+        If the value is negative, or a string that is not a size of one byte or more.
     """
     if isinstance(value, bool) or not isinstance(value, int | np.integer | str):
         raise TypeError(
@@ -66,14 +57,13 @@ def parse_bytes(value: int | str, name: str = "budget") -> int:
         if value < 0:
             raise ValueError(f"Resources: {name} must be non-negative, got {value}.")
         return int(value)
-    match = _SIZE.match(value)
-    if match is None:
+    try:
+        return parse_amount(value)
+    except ValueError:
         raise ValueError(
             f"Resources: {name}={value!r} is not a size; write a number and a unit such "
             "as '36GB' (10**9 bytes) or '36GiB' (2**30 bytes)."
-        )
-    number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "").upper()])
+        ) from None
 
 
 def _device_list(devices: object) -> tuple[int, ...] | None:
@@ -148,23 +138,8 @@ class Resources:
         return Path(self.scratch_dir)
 
 
-def host_memory_available() -> int:
-    """Return the host memory available now, in bytes (``MemAvailable`` on Linux)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 8 * 2**30
-
-
 def resolve_host_budget(resources: Resources | None) -> int:
     """Return the host budget in bytes: the explicit one, or a detected one."""
     if resources is not None and resources.host_memory is not None:
         return parse_bytes(resources.host_memory, "host_memory")
-    return int(host_memory_available() * (1.0 - _HOST_MARGIN))
+    return int(host_available_bytes() * (1.0 - _HOST_MARGIN))

@@ -1,9 +1,9 @@
 """`sexpgpu check FILE [--variant V] [--run NAME]`: read and check an experiment, print it resolved.
 
 The report is a sequence of sections, each a `Section` in `SECTIONS`: a
-title and a function from the experiment and the chosen runs to lines.
-Later layers add their sections (for example parameters, shapes and FLOPs
-per run) by appending to `SECTIONS`.
+title and a function from the experiment and the chosen runs to lines. The
+language's own sections (`LANGUAGE_SECTIONS`) come first, then the traced
+model's parameters, FLOPs and memory (`sexpgpu.commands.explain.model_section`).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ LANGUAGE_SECTIONS: tuple[Section, ...] = (
     Section("runs", _runs),
 )
 
-# The report's sections in order; append a Section to extend `check`.
+# The report's sections in order; add a Section here to extend `check`.
 SECTIONS: list[Section] = [
     *LANGUAGE_SECTIONS,
     Section("traced model: parameters, FLOPs, memory", model_section),
@@ -164,12 +164,14 @@ def render_report(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `sexpgpu check`."""
     parser.add_argument("file", help="the experiment (.lisp)")
     parser.add_argument("--variant", help="apply this defvariant")
     parser.add_argument("--run", help="describe only this run")
 
 
 def main(args: argparse.Namespace) -> int:
+    """Print the report of the experiment and its runs; exit status 0."""
     experiment = load_experiment(args.file, variant=args.variant)
     runs = list(experiment.runs.values()) if args.run is None else [experiment.run(args.run)]
     print(render_report(experiment, runs))

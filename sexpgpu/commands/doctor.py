@@ -41,6 +41,7 @@ class Check:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `sexpgpu doctor`."""
     parser.add_argument(
         "--device",
         default=None,
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Print every check; exit status 1 when the floor for the device is not met."""
     device = args.device
     found = checks(os.environ, device, probe())
     kind = _chosen_device(os.environ, device)

@@ -12,6 +12,7 @@ __all__ = ["add_arguments", "main", "plot_losses"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `sexpgpu plot`."""
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with metrics.jsonl")
     parser.add_argument("--output", "-o", metavar="PNG", help="default RUN_DIR/loss.png")
 
@@ -62,6 +63,7 @@ def plot_losses(run_dir: Path, output: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Write the loss plot of a run directory and print where."""
     run_dir = Path(args.run_dir)
     output = Path(args.output) if args.output else run_dir / "loss.png"
     print(f"wrote {plot_losses(run_dir, output)}")

@@ -13,6 +13,7 @@ __all__ = ["add_arguments", "main"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of `sexpgpu run`."""
     parser.add_argument("file", help="the experiment file (.lisp)")
     parser.add_argument("--variant", help="apply this defvariant")
     parser.add_argument("--run", help="the defrun to train (default: the only one)")
@@ -71,6 +72,7 @@ class _RichProgress:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Train the run with progress on stdout; exit status 0 when it finishes."""
     trainer = prepare_run(
         args.file,
         variant=args.variant,

@@ -186,30 +186,7 @@ def _source(node: Node, builder: Builder, where: str) -> tuple[DataSource, Path 
     rest = node.items[1:]
     path = None
     if source.takes_path:
-        if not rest or not isinstance(rest[0], Literal | Symbol):
-            raise SexpgpuError(
-                "E-FORM-002",
-                f"`{source.name}` needs a path in {where}",
-                node.span,
-                hint=f"write {source.usage}; paths are relative to the experiment file",
-            )
-        text = string(rest[0], builder.params, f"the path of {where}")
-        if "://" in text or not text:
-            raise SexpgpuError(
-                "E-FORM-005",
-                f"the path of {where} must name a local file, found {show_value(text)}",
-                rest[0].span,
-                hint="data paths are files relative to the experiment file; copy remote data "
-                "next to it",
-            )
-        if source.suffix and not text.endswith(source.suffix):
-            raise SexpgpuError(
-                "E-FORM-005",
-                f"`{source.name}` reads a {source.suffix} file, found {show_value(text)}",
-                rest[0].span,
-                hint=f"write {source.usage}",
-            )
-        path = builder.base_dir / text
+        path = _source_path(source, node, builder, where)
         rest = rest[1:]
     if rest and not source.keys:
         raise SexpgpuError(
@@ -228,3 +205,32 @@ def _source(node: Node, builder: Builder, where: str) -> tuple[DataSource, Path 
             hint=f"write {source.usage}",
         )
     return source, path, source.read_options(args, builder.params, where)
+
+
+def _source_path(source: DataSource, node: ListNode, builder: Builder, where: str) -> Path:
+    """The file a source such as ``(bytes PATH)`` names, relative to the experiment file."""
+    rest = node.items[1:]
+    if not rest or not isinstance(rest[0], Literal | Symbol):
+        raise SexpgpuError(
+            "E-FORM-002",
+            f"`{source.name}` needs a path in {where}",
+            node.span,
+            hint=f"write {source.usage}; paths are relative to the experiment file",
+        )
+    text = string(rest[0], builder.params, f"the path of {where}")
+    if "://" in text or not text:
+        raise SexpgpuError(
+            "E-FORM-005",
+            f"the path of {where} must name a local file, found {show_value(text)}",
+            rest[0].span,
+            hint="data paths are files relative to the experiment file; copy remote data "
+            "next to it",
+        )
+    if source.suffix and not text.endswith(source.suffix):
+        raise SexpgpuError(
+            "E-FORM-005",
+            f"`{source.name}` reads a {source.suffix} file, found {show_value(text)}",
+            rest[0].span,
+            hint=f"write {source.usage}",
+        )
+    return builder.base_dir / text

@@ -134,9 +134,7 @@ def _existing_file(data: Any) -> Path:
 
 @source("bytes")
 def _bytes(data: Any) -> TokenStream:
-    path = _existing_file(data)
-    tokens = np.memmap(path, dtype=np.uint8, mode="r")
-    return TokenStream(tokens, _seq(data), _split(data), str(path))
+    return _token_file(data, _existing_file(data), np.dtype(_TOKEN_DTYPES["u8"]), "u8")
 
 
 @source("tokens")
@@ -150,7 +148,11 @@ def _tokens(data: Any) -> TokenStream:
             str(path),
             hint=f"use one of {', '.join(_TOKEN_DTYPES)}",
         )
-    dtype = np.dtype(_TOKEN_DTYPES[name])
+    return _token_file(data, path, np.dtype(_TOKEN_DTYPES[name]), name)
+
+
+def _token_file(data: Any, path: Path, dtype: np.dtype, name: str) -> TokenStream:
+    """A file of little-endian integer tokens, memory-mapped."""
     size = path.stat().st_size
     if size % dtype.itemsize:
         raise SexpgpuError(

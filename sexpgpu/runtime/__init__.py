@@ -9,7 +9,10 @@ until a cuda device is used or asked about.
 - `sexpgpu.runtime.devices`: `Device` (``cpu:N``, ``cuda:N``), visible GPUs.
 - `sexpgpu.runtime.group`: `DeviceGroup`, a thread per device, collectives,
   abort on failure.
+- `sexpgpu.runtime.transfer`: copies and sums of values between devices, for
+  the collectives.
 - `sexpgpu.runtime.memory`: budgets, plans (E-MEM-001), peaks.
+- `sexpgpu.runtime.units`: amounts of memory (``40GiB``), parsed and printed.
 - `sexpgpu.runtime.oom`: retry and split after an allocation failure, and the
   failure injector for tests.
 - `sexpgpu.runtime.nodes`: `NodeLink`, the rendezvous of several nodes and

@@ -33,14 +33,12 @@ from sexpgpu.devices.cpu_split import evaluate_split, split_axis
 from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
-from sexpgpu.ir.ops import BINARY, COMPARISON, UNARY, VIEW, Op
+from sexpgpu.ir.ops import BINARY, COMPARISON, FED, LEAF, UNARY, VIEW, Op
 
 __all__ = ["CpuProgram", "planned_peak_bytes", "run"]
 
 log = logging.getLogger(__name__)
 
-_LEAVES = frozenset({Op.INPUT, Op.PARAM, Op.CONSTANT, Op.IOTA})
-_FED = frozenset({Op.INPUT, Op.PARAM})
 # Operand positions whose dying buffer an op may write its result into.
 _DONORS: dict[Op, tuple[int, ...]] = {
     **{op: (0,) for op in UNARY - {Op.CAST}},
@@ -112,7 +110,7 @@ class CpuProgram:
                 storage[i] = storage[donor]
                 writable[i] = True
             else:
-                owned[i] = node.op not in _LEAVES
+                owned[i] = node.op not in LEAF
                 writable[i] = owned[i]
                 nbytes[i] = _buffer_bytes(node)
             buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
@@ -162,7 +160,7 @@ class CpuProgram:
         pool = ThreadPoolExecutor(self.threads) if splits else nullcontext()
         with np.errstate(all="ignore"), pool, _one_blas_thread(splits):
             for i, step in enumerate(self.steps):
-                if step.node.op in _FED:
+                if step.node.op in FED:
                     value = _feed(step.node, feeds)
                     fed_roots.add(id(_root(value)))
                 else:

@@ -3,7 +3,7 @@
 Modules
 -------
 ``ops``
-    `Op` (the closed op set) and its groups: LEAF, UNARY, BINARY, COMPARISON,
+    `Op` (the closed op set) and its groups: LEAF, FED, UNARY, BINARY, COMPARISON,
     ELEMENTWISE, REDUCE, MOVEMENT, VIEW, PRODUCT, FUSED.
 ``dtypes``
     `DType` (f32, bf16, f64, int32, bool), `numpy_dtype`, `itemsize`, `round_bf16`.

@@ -15,7 +15,7 @@ shape or dtype error raises `SexpgpuError` (E-SHAPE-*) at that span.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,101 +148,51 @@ def iota(shape: ShapeLike, axis: builtins.int, dtype: DType | str = "int32", spa
 
 
 # ---------------------------------------------------------------- elementwise
+# Most elementwise and reduction builders differ only in their op, so
+# `_elementwise` and `_reduction` make them.
 
 
-def neg(x: Node, span: Span | None = None) -> Node:
-    """``-x``."""
-    return emit(Op.NEG, x, span=span)
+def _elementwise(op: Op, doc: str) -> Callable[..., Node]:
+    """The builder ``name(*operands, span=None)`` of the elementwise `op`."""
+
+    def build(*operands: Node, span: Span | None = None) -> Node:
+        return emit(op, *operands, span=span)
+
+    return _named(build, op, doc)
 
 
-def exp(x: Node, span: Span | None = None) -> Node:
-    """``e**x``."""
-    return emit(Op.EXP, x, span=span)
+def _named(build: Callable[..., Node], op: Op, doc: str) -> Callable[..., Node]:
+    """`build` named after `op` (``Op.LOG`` -> ``log``) and documented by `doc`."""
+    build.__name__ = build.__qualname__ = op.name.lower()
+    build.__doc__ = doc
+    return build
 
 
-def log(x: Node, span: Span | None = None) -> Node:
-    """Natural logarithm."""
-    return emit(Op.LOG, x, span=span)
-
-
-def sqrt(x: Node, span: Span | None = None) -> Node:
-    """Square root."""
-    return emit(Op.SQRT, x, span=span)
-
-
-def rsqrt(x: Node, span: Span | None = None) -> Node:
-    """``1 / sqrt(x)``."""
-    return emit(Op.RSQRT, x, span=span)
-
-
-def tanh(x: Node, span: Span | None = None) -> Node:
-    """Hyperbolic tangent."""
-    return emit(Op.TANH, x, span=span)
-
-
-def sigmoid(x: Node, span: Span | None = None) -> Node:
-    """``1 / (1 + e**-x)``."""
-    return emit(Op.SIGMOID, x, span=span)
-
-
-def abs(x: Node, span: Span | None = None) -> Node:
-    """``|x|``."""
-    return emit(Op.ABS, x, span=span)
-
-
-def sign(x: Node, span: Span | None = None) -> Node:
-    """-1, 0 or 1 (no gradient)."""
-    return emit(Op.SIGN, x, span=span)
+neg = _elementwise(Op.NEG, "``-x``.")
+exp = _elementwise(Op.EXP, "``e**x``.")
+log = _elementwise(Op.LOG, "Natural logarithm.")
+sqrt = _elementwise(Op.SQRT, "Square root.")
+rsqrt = _elementwise(Op.RSQRT, "``1 / sqrt(x)``.")
+tanh = _elementwise(Op.TANH, "Hyperbolic tangent.")
+sigmoid = _elementwise(Op.SIGMOID, "``1 / (1 + e**-x)``.")
+abs = _elementwise(Op.ABS, "``|x|``.")
+sign = _elementwise(Op.SIGN, "-1, 0 or 1 (no gradient).")
+add = _elementwise(Op.ADD, "``a + b`` (broadcasting).")
+sub = _elementwise(Op.SUB, "``a - b`` (broadcasting).")
+mul = _elementwise(Op.MUL, "``a * b`` (broadcasting).")
+div = _elementwise(Op.DIV, "``a / b`` (broadcasting; floats only).")
+pow = _elementwise(Op.POW, "``a ** b`` (broadcasting; floats only).")
+maximum = _elementwise(Op.MAXIMUM, "Elementwise larger of `a` and `b` (ties share the gradient).")
+minimum = _elementwise(Op.MINIMUM, "Elementwise smaller of `a` and `b` (ties share the gradient).")
+lt = _elementwise(Op.LT, "``a < b`` as bool.")
+le = _elementwise(Op.LE, "``a <= b`` as bool.")
+eq = _elementwise(Op.EQ, "``a == b`` as bool.")
+where = _elementwise(Op.WHERE, "`a` where `cond` holds, else `b` (broadcasting all three).")
 
 
 def cast(x: Node, dtype: DType | str, span: Span | None = None) -> Node:
     """`x` converted to `dtype` (floats to int32 truncate toward zero)."""
     return emit(Op.CAST, x, span=span, dtype=DType(dtype))
-
-
-def add(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a + b`` (broadcasting)."""
-    return emit(Op.ADD, a, b, span=span)
-
-
-def sub(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a - b`` (broadcasting)."""
-    return emit(Op.SUB, a, b, span=span)
-
-
-def mul(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a * b`` (broadcasting)."""
-    return emit(Op.MUL, a, b, span=span)
-
-
-def div(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a / b`` (broadcasting; floats only)."""
-    return emit(Op.DIV, a, b, span=span)
-
-
-def pow(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a ** b`` (broadcasting; floats only)."""
-    return emit(Op.POW, a, b, span=span)
-
-
-def maximum(a: Node, b: Node, span: Span | None = None) -> Node:
-    """Elementwise larger of `a` and `b` (ties share the gradient)."""
-    return emit(Op.MAXIMUM, a, b, span=span)
-
-
-def minimum(a: Node, b: Node, span: Span | None = None) -> Node:
-    """Elementwise smaller of `a` and `b` (ties share the gradient)."""
-    return emit(Op.MINIMUM, a, b, span=span)
-
-
-def lt(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a < b`` as bool."""
-    return emit(Op.LT, a, b, span=span)
-
-
-def le(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a <= b`` as bool."""
-    return emit(Op.LE, a, b, span=span)
 
 
 def gt(a: Node, b: Node, span: Span | None = None) -> Node:
@@ -255,39 +205,26 @@ def ge(a: Node, b: Node, span: Span | None = None) -> Node:
     return emit(Op.LE, b, a, span=span)
 
 
-def eq(a: Node, b: Node, span: Span | None = None) -> Node:
-    """``a == b`` as bool."""
-    return emit(Op.EQ, a, b, span=span)
-
-
-def where(cond: Node, a: Node, b: Node, span: Span | None = None) -> Node:
-    """`a` where `cond` holds, else `b` (broadcasting all three)."""
-    return emit(Op.WHERE, cond, a, b, span=span)
-
-
 # ---------------------------------------------------------------- reductions
 
 
-def sum(
-    x: Node,
-    axes: builtins.int | Sequence[builtins.int] | None = None,
-    keepdims: builtins.bool = False,
-    span: Span | None = None,
-) -> Node:
-    """Sum over `axes` (all axes when None)."""
-    axes = (axes,) if isinstance(axes, builtins.int) else axes
-    return emit(Op.SUM, x, span=span, axes=axes, keepdims=keepdims)
+def _reduction(op: Op, doc: str) -> Callable[..., Node]:
+    """The builder ``name(x, axes=None, keepdims=False, span=None)`` of the reduction `op`."""
+
+    def build(
+        x: Node,
+        axes: builtins.int | Sequence[builtins.int] | None = None,
+        keepdims: builtins.bool = False,
+        span: Span | None = None,
+    ) -> Node:
+        axes = (axes,) if isinstance(axes, builtins.int) else axes
+        return emit(op, x, span=span, axes=axes, keepdims=keepdims)
+
+    return _named(build, op, doc)
 
 
-def max(
-    x: Node,
-    axes: builtins.int | Sequence[builtins.int] | None = None,
-    keepdims: builtins.bool = False,
-    span: Span | None = None,
-) -> Node:
-    """Largest value over `axes` (``amax``; ties share the gradient)."""
-    axes = (axes,) if isinstance(axes, builtins.int) else axes
-    return emit(Op.MAX, x, span=span, axes=axes, keepdims=keepdims)
+sum = _reduction(Op.SUM, "Sum over `axes` (all axes when None).")
+max = _reduction(Op.MAX, "Largest value over `axes` (``amax``; ties share the gradient).")
 
 
 # ---------------------------------------------------------------- movement

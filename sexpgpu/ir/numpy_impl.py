@@ -18,12 +18,9 @@ from sexpgpu.ir.node import ConstArray, Node
 from sexpgpu.ir.ops import VIEW, Op
 from sexpgpu.ir.rules import IMPL_RULES, impl_rule
 
-__all__ = ["IMPL_EXEMPT", "evaluate", "stores_rounded"]
+__all__ = ["evaluate", "stores_rounded"]
 
 Out = np.ndarray | None
-
-# Leaves whose values are fed by the caller, not computed.
-IMPL_EXEMPT = frozenset({Op.INPUT, Op.PARAM})
 
 # Ops whose bf16 result is already a bf16 value (it only moves or picks values).
 _EXACT = VIEW | {

@@ -39,6 +39,7 @@ __all__ = [
     "BINARY",
     "COMPARISON",
     "ELEMENTWISE",
+    "FED",
     "FUSED",
     "LEAF",
     "MOVEMENT",
@@ -121,6 +122,8 @@ class Op(Enum):
 
 
 LEAF = frozenset({Op.INPUT, Op.PARAM, Op.CONSTANT, Op.IOTA})
+# Leaves whose values the caller feeds by name (the others are computed).
+FED = frozenset({Op.INPUT, Op.PARAM})
 UNARY = frozenset(
     {Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIGMOID, Op.ABS, Op.SIGN, Op.CAST}
 )

@@ -14,16 +14,15 @@ import numpy as np
 
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
-from sexpgpu.ir.ops import Op
+from sexpgpu.ir.ops import FED, Op
 
 __all__ = ["cse", "dce", "fold_constants", "optimize", "rewrite"]
 
 log = logging.getLogger(__name__)
 
 _FOLDABLE_BYTES = 1 << 20  # larger constant results stay computed at run time
-_FED = frozenset({Op.INPUT, Op.PARAM})
 # A broadcast constant costs nothing at run time; folded, it would be stored.
-_UNFOLDED = _FED | {Op.BROADCAST_TO}
+_UNFOLDED = FED | {Op.BROADCAST_TO}
 
 
 def rewrite(graph: Graph, visit: Callable[[Node, tuple[Node, ...]], Node]) -> Graph:
@@ -60,7 +59,7 @@ def cse(graph: Graph) -> Graph:
 
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
         key = (node.op, node.dtype, node.shape, tuple(map(id, inputs)), node.attr_key())
-        if node.op in _FED:
+        if node.op in FED:
             return node
         return seen.setdefault(key, _with_inputs(node, inputs))
 

@@ -11,8 +11,9 @@
   ``needs[i]`` says whether operand ``i`` wants one (None where not).
 
 Each table is filled by its decorator in its own modules (`shape_rules`,
-`numpy_impl` and `numpy_fused`, `vjp_rules`). Every op has an entry in every table or sits in
-that table's exemption set; a test checks it.
+`numpy_impl` and `numpy_fused`, `vjp_rules`). Every op has an entry in every
+table or sits in that table's exemption set (`IMPL_EXEMPT`, `VJP_EXEMPT`; every
+op has a shape rule); a test checks it.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sexpgpu.ir.ops import Op
+from sexpgpu.ir.ops import COMPARISON, FED, LEAF, Op
 
 __all__ = [
+    "IMPL_EXEMPT",
     "IMPL_RULES",
     "SHAPE_RULES",
     "VJP_EXEMPT",
@@ -36,19 +38,17 @@ SHAPE_RULES: dict[Op, Callable[..., Any]] = {}
 IMPL_RULES: dict[Op, Callable[..., Any]] = {}
 VJP_RULES: dict[Op, Callable[..., Any]] = {}
 
+# Ops without a NumPy implementation: the leaves the caller feeds.
+IMPL_EXEMPT = FED
+
 # Ops without a VJP: leaves (differentiation stops there), ops whose result
 # is piecewise constant (zero derivative), and the gradient-only fused ops
 # (no second derivatives).
-VJP_EXEMPT = frozenset(
-    {
-        Op.INPUT,
-        Op.PARAM,
-        Op.CONSTANT,
-        Op.IOTA,
+VJP_EXEMPT = (
+    LEAF
+    | COMPARISON
+    | {
         Op.SIGN,
-        Op.LT,
-        Op.LE,
-        Op.EQ,
         Op.SOFTMAX_GRAD,
         Op.CROSS_ENTROPY_GRAD,
         Op.ATTENTION_GRAD,

@@ -371,8 +371,9 @@ class _Tracer:
         leading: Sequence[tuple[Value, Span]],
     ) -> Call:
         """Evaluate a vocabulary call's arguments into a `Call`, checking counts and keywords."""
-        cx = Call(entry.name, span, [v for v, _ in leading], [s for _, s in leading])
-        cx.dtype = self.dtype
+        cx = Call(
+            entry.name, span, [v for v, _ in leading], [s for _, s in leading], dtype=self.dtype
+        )
         i = 0
         while i < len(items):
             item = items[i]

@@ -133,8 +133,8 @@ def _fold(cx: Call) -> Value:
     acc_key: int = 0
     acc: Value = cx.args[0]
     for i in range(1, len(cx.args)):
-        pair = Call(name, cx.span, [acc, cx.args[i]], [cx.where(acc_key), cx.where(i)])
-        pair.dtype = cx.dtype
+        spans = [cx.where(acc_key), cx.where(i)]
+        pair = Call(name, cx.span, [acc, cx.args[i]], spans, dtype=cx.dtype)
         if all(is_number(v) for v in pair.args):
             acc = _PY_BINARY[name](*pair.args)
         else:
@@ -283,8 +283,8 @@ def _slice(cx: Call) -> Node:
 @entry("concat", "(concat a b ... :axis 0)", (1, None), keywords={"axis": 0})
 def _concat(cx: Call) -> Node:
     if len(cx.args) == 1 and isinstance(cx.args[0], tuple):  # (concat [a b] :axis 1)
-        parts = Call(cx.name, cx.span, list(cx.args[0]), [cx.where(0)] * len(cx.args[0]))
-        parts.dtype = cx.dtype
+        items = list(cx.args[0])
+        parts = Call(cx.name, cx.span, items, [cx.where(0)] * len(items), dtype=cx.dtype)
         return b.concat(parts.tensors(range(len(parts.args))), cx.integer("axis"), span=cx.span)
     return b.concat(cx.tensors(range(len(cx.args))), cx.integer("axis"), span=cx.span)
 

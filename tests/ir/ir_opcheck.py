@@ -19,6 +19,7 @@ from sexpgpu.devices.cpu import run
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.autodiff import grad
 from sexpgpu.ir.node import Graph, Node
+from sexpgpu.ir.ops import Op
 
 # (rtol, atol) per dtype.
 FORWARD_TOL = {"f64": (1e-10, 1e-12), "f32": (2e-5, 2e-6), "bf16": (1e-2, 1e-2)}
@@ -73,6 +74,12 @@ def _graph(build, args: Sequence[Arg], dtype: str, with_grad: bool):
             outputs[f"g{i}"] = g
         outputs["loss"] = loss
     return Graph.of(outputs, xs), y
+
+
+def ops_built(build: Callable[..., Node], args: Sequence[Arg]) -> set[Op]:
+    """The ops of the forward graph `build` makes from `args` (its inputs included)."""
+    graph, _ = _graph(build, args, "f32", with_grad=False)
+    return {node.op for node in graph.nodes()}
 
 
 def check_op(

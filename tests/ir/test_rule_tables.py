@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import sexpgpu.ir.autodiff  # noqa: F401  (fills VJP_RULES)
-from sexpgpu.ir.numpy_impl import IMPL_EXEMPT
+from sexpgpu.ir import autodiff, numpy_impl  # noqa: F401  (fill VJP_RULES, IMPL_RULES)
 from sexpgpu.ir.ops import (
     BINARY,
     ELEMENTWISE,
@@ -18,7 +17,7 @@ from sexpgpu.ir.ops import (
     VIEW,
     Op,
 )
-from sexpgpu.ir.rules import IMPL_RULES, SHAPE_RULES, VJP_EXEMPT, VJP_RULES
+from sexpgpu.ir.rules import IMPL_EXEMPT, IMPL_RULES, SHAPE_RULES, VJP_EXEMPT, VJP_RULES
 
 TABLES = {
     "shape": (SHAPE_RULES, frozenset()),

@@ -11,22 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from lisp_cases import case_files, each_case, header
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace import trace_run
 from sexpgpu.lang import load_experiment_text
 
-CASES = sorted((Path(__file__).parent / "trace_cases").glob("*.lisp"))
-
-
-def header(text: str) -> list[str]:
-    lines = []
-    for line in text.splitlines():
-        if not line.startswith(";;"):
-            break
-        lines.append(line[3:] if line.startswith(";; ") else line[2:])
-    return lines
+CASES = Path(__file__).parent / "trace_cases"
 
 
 def traced(path: Path):
@@ -34,7 +26,7 @@ def traced(path: Path):
     return trace_run(experiment, experiment.run())
 
 
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+@each_case(CASES)
 def test_case(path: Path) -> None:
     kind, *rest = header(path.read_text())
     if kind == "params:":
@@ -48,5 +40,5 @@ def test_case(path: Path) -> None:
 
 
 def test_there_are_cases_of_both_kinds() -> None:
-    kinds = {header(p.read_text())[0] for p in CASES}
+    kinds = {header(p.read_text())[0] for p in case_files(CASES)}
     assert kinds == {"params:", "expect:"}

@@ -10,21 +10,13 @@ The leading ``;;`` lines of a case say what loading it gives:
 from pathlib import Path
 
 import pytest
+from lisp_cases import case_files, each_case, header
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang import load_experiment_text
 from sexpgpu.lang.values import show_value
 
-CASES = sorted((Path(__file__).parent / "cases").glob("*.lisp"))
-
-
-def header(text):
-    lines = []
-    for line in text.splitlines():
-        if not line.startswith(";;"):
-            break
-        lines.append(line[3:] if line.startswith(";; ") else line[2:])
-    return lines
+CASES = Path(__file__).parent / "cases"
 
 
 def parse_header(lines):
@@ -44,7 +36,7 @@ def parse_header(lines):
     return variant, params, expected
 
 
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+@each_case(CASES)
 def test_case(path):
     text = path.read_text()
     variant, params, expected = parse_header(header(text))
@@ -58,5 +50,5 @@ def test_case(path):
 
 
 def test_there_are_cases_of_both_kinds():
-    kinds = {"ok" in header(p.read_text()) for p in CASES}
+    kinds = {"ok" in header(p.read_text()) for p in case_files(CASES)}
     assert kinds == {True, False}

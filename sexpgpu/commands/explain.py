@@ -1,8 +1,9 @@
-"""`sexpgpu explain FILE [--variant V] [--run NAME]`: the IR of a run's training graph.
+"""`sexpgpu explain FILE [--variant V] [--run NAME] [--graph train|eval] [--no-spans]`.
 
 Prints a header (parameters, FLOPs, the interpreter's planned peak memory)
-as ``;`` comments, then the training graph as S-expressions, one node per
-line with the source position it comes from. The text reads back with
+as ``;`` comments, then the run's training graph (loss and gradients) or its
+evaluation graph as S-expressions, one node per line with the source
+position it comes from unless ``--no-spans``. The text reads back with
 `sexpgpu.ir.printer.parse_graph`.
 
 `model_section` is the same summary with the parameter table, as a section

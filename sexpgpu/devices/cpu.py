@@ -35,7 +35,7 @@ from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
 from sexpgpu.ir.ops import BINARY, COMPARISON, FED, LEAF, UNARY, VIEW, Op
 
-__all__ = ["CpuProgram", "planned_peak_bytes", "run"]
+__all__ = ["CpuProgram", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,8 @@ class CpuProgram:
         The program. Its INPUT and PARAM nodes are fed by name.
     threads
         Threads that share a large op (see `sexpgpu.devices.cpu_split`);
-        default: the cores this process may use. With 1, ops run whole and
-        BLAS keeps its own threading.
+        default: the cores this process may use, at most 8. With 1, ops run
+        whole and BLAS keeps its own threading.
     """
 
     def __init__(self, graph: Graph, threads: int | None = None) -> None:
@@ -192,11 +192,6 @@ class CpuProgram:
 def run(graph: Graph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run `graph` once on the interpreter (see `CpuProgram`)."""
     return CpuProgram(graph)(feeds)
-
-
-def planned_peak_bytes(graph: Graph) -> int:
-    """The most bytes the interpreter's schedule holds at once for `graph`."""
-    return CpuProgram(graph).planned_peak_bytes
 
 
 def _usable_cores() -> int:

@@ -6,7 +6,7 @@ Modules
     `Op` (the closed op set) and its groups: LEAF, FED, UNARY, BINARY, COMPARISON,
     ELEMENTWISE, REDUCE, MOVEMENT, VIEW, PRODUCT, FUSED.
 ``dtypes``
-    `DType` (f32, bf16, f64, int32, bool), `numpy_dtype`, `itemsize`, `round_bf16`.
+    `DType` (f32, bf16, f64, int32, bool), `FLOATS`, `numpy_dtype`, `round_bf16`.
 ``node``
     `Node(op, dtype, shape, inputs, attrs, span)` (frozen, compared by
     identity), `ConstArray`, `Graph(inputs, params, outputs)` with `Graph.of`.

@@ -22,7 +22,7 @@ import numpy as np
 
 from sexpgpu.errors import Span
 from sexpgpu.ir import shape_rules as _shape_rules  # noqa: F401  (fills SHAPE_RULES)
-from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import ConstArray, Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.rules import SHAPE_RULES
@@ -129,8 +129,6 @@ def constant(
     """A constant: a scalar filling `shape` (default a rank-0 scalar that broadcasts)."""
     dtype = DType(dtype)
     if isinstance(value, np.ndarray):
-        from sexpgpu.ir.dtypes import numpy_dtype
-
         arr = value.astype(numpy_dtype(dtype))
         return emit(Op.CONSTANT, span=span, value=ConstArray(arr), shape=arr.shape, dtype=dtype)
     if dtype is DType.BOOL:

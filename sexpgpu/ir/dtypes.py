@@ -11,7 +11,7 @@ from enum import StrEnum
 
 import numpy as np
 
-__all__ = ["FLOATS", "DType", "itemsize", "numpy_dtype", "round_bf16"]
+__all__ = ["FLOATS", "DType", "numpy_dtype", "round_bf16"]
 
 
 class DType(StrEnum):
@@ -34,18 +34,10 @@ _NUMPY = {
     DType.BOOL: np.dtype(np.bool_),
 }
 
-# Bytes per element on a device that stores bf16 natively (the memory plan's unit).
-_ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F64: 8, DType.INT32: 4, DType.BOOL: 1}
-
 
 def numpy_dtype(dtype: DType) -> np.dtype:
     """The NumPy dtype the CPU interpreter stores `dtype` in (bf16 -> float32)."""
     return _NUMPY[dtype]
-
-
-def itemsize(dtype: DType) -> int:
-    """Bytes per element of `dtype` as a device stores it (bf16 is 2)."""
-    return _ITEMSIZE[dtype]
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

@@ -28,8 +28,9 @@ _UNFOLDED = FED | {Op.BROADCAST_TO}
 def rewrite(graph: Graph, visit: Callable[[Node, tuple[Node, ...]], Node]) -> Graph:
     """Rebuild `graph` bottom-up: ``visit(node, new_inputs)`` gives each node's replacement.
 
-    `visit` sees the node with its operands already rewritten; returning
-    `_with_inputs(node, new_inputs)` keeps the node as it is.
+    `visit` gets each node with its operands' replacements and returns the
+    node to use instead (the node itself, rebuilt on the new operands when
+    they differ, is the identity rewrite).
     """
     new: dict[int, Node] = {}
     for node in graph.nodes():
@@ -58,9 +59,9 @@ def cse(graph: Graph) -> Graph:
     seen: dict[tuple[Any, ...], Node] = {}
 
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
-        key = (node.op, node.dtype, node.shape, tuple(map(id, inputs)), node.attr_key())
         if node.op in FED:
-            return node
+            return node  # names make fed leaves unique; they stay the declared nodes
+        key = (node.op, node.dtype, node.shape, tuple(map(id, inputs)), node.attr_key())
         return seen.setdefault(key, _with_inputs(node, inputs))
 
     return rewrite(graph, visit)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from sexpgpu.ir.builder import emit
-from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.lang.reader import read
@@ -118,8 +118,6 @@ def _parse_node(dtype: DType, shape: tuple, call: ListNode, nodes: dict[str, Nod
     if op in _DTYPE_ATTR:
         attrs["dtype"] = dtype
     if op is Op.CONSTANT and isinstance(attrs["value"], tuple):
-        from sexpgpu.ir.dtypes import numpy_dtype
-
         array = np.array(attrs["value"], dtype=numpy_dtype(dtype)).reshape(shape)
         attrs["value"] = ConstArray(array)
     node = emit(op, *inputs, **attrs)

@@ -28,10 +28,6 @@ def format_shape(shape: Sequence[int]) -> str:
     return "[" + " ".join(str(d) for d in shape) + "]"
 
 
-def _fail(code: str, message: str, span: Span | None, hint: str) -> SexpgpuError:
-    return SexpgpuError(code, message, span, hint)
-
-
 def broadcast_shapes(op: Op, shapes: Sequence[Shape], span: Span | None) -> Shape:
     """The NumPy broadcast of `shapes`, or E-SHAPE-001 naming them all."""
     ndim = max(len(s) for s in shapes)
@@ -40,7 +36,7 @@ def broadcast_shapes(op: Op, shapes: Sequence[Shape], span: Span | None) -> Shap
         dims = {s[axis] for s in shapes if len(s) >= -axis} - {1}
         if len(dims) > 1:
             listed = " and ".join(format_shape(s) for s in shapes)
-            raise _fail(
+            raise SexpgpuError(
                 "E-SHAPE-001",
                 f"{op.label}: shapes {listed} do not broadcast (axis {axis})",
                 span,
@@ -53,7 +49,7 @@ def broadcast_shapes(op: Op, shapes: Sequence[Shape], span: Span | None) -> Shap
 
 def _axis(op: Op, axis: int, ndim: int, span: Span | None, shape: Shape) -> int:
     if not isinstance(axis, int) or not -ndim <= axis < ndim:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-004",
             f"{op.label}: axis {axis} is out of range for shape {format_shape(shape)}",
             span,
@@ -65,7 +61,7 @@ def _axis(op: Op, axis: int, ndim: int, span: Span | None, shape: Shape) -> int:
 def _dtype_in(op: Op, node: Node, allowed: frozenset[DType], span: Span | None) -> None:
     if node.dtype not in allowed:
         names = " ".join(sorted(allowed))
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-002",
             f"{op.label}: operand of dtype {node.dtype} is not accepted (wants {names})",
             span,
@@ -76,7 +72,7 @@ def _dtype_in(op: Op, node: Node, allowed: frozenset[DType], span: Span | None) 
 def _same_dtype(op: Op, nodes: Sequence[Node], span: Span | None) -> DType:
     dtypes = [n.dtype for n in nodes]
     if len(set(dtypes)) > 1:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-002",
             f"{op.label}: operand dtypes differ: {' and '.join(dtypes)}",
             span,
@@ -155,7 +151,7 @@ def _reduce(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
     axes = range(x.ndim) if axes is None else axes
     norm = tuple(sorted({_axis(op, a, x.ndim, span, x.shape) for a in axes}))
     if len(norm) != len(tuple(axes)):
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-004", f"{op.label}: axes {list(axes)} repeat an axis", span, "name each once"
         )
     keep = bool(attrs.get("keepdims", False))
@@ -172,7 +168,7 @@ def _reshape(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) 
         if rest and x.size % rest == 0:
             shape[shape.index(-1)] = x.size // rest
     if math.prod(shape) != x.size or any(d < 0 for d in shape):
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-005",
             f"reshape: {format_shape(x.shape)} ({x.size} elements) cannot become "
             f"{format_shape(attrs['shape'])}",
@@ -187,7 +183,7 @@ def _transpose(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None
     (x,) = inputs
     axes = tuple(attrs["axes"])
     if sorted(a % x.ndim if -x.ndim <= a < x.ndim else a for a in axes) != list(range(x.ndim)):
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-004",
             f"transpose: axes {list(axes)} are not a permutation of the {x.ndim} axes "
             f"of {format_shape(x.shape)}",
@@ -206,7 +202,7 @@ def _broadcast_to(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | N
         d in (1, t) for d, t in zip(x.shape, shape[len(shape) - x.ndim :], strict=True)
     )
     if not ok:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-001",
             f"broadcast-to: {format_shape(x.shape)} does not broadcast to {format_shape(shape)}",
             span,
@@ -217,7 +213,7 @@ def _broadcast_to(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | N
 
 def _bounds(op: Op, x: Node, axis: int, ok: bool, what: str, span: Span | None) -> None:
     if not ok:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-007",
             f"{op.label}: {what} is out of range for axis {axis} of {format_shape(x.shape)}",
             span,
@@ -256,7 +252,7 @@ def _concat(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
         if x.ndim != first.ndim or any(
             d != e for i, (d, e) in enumerate(zip(x.shape, first.shape, strict=True)) if i != axis
         ):
-            raise _fail(
+            raise SexpgpuError(
                 "E-SHAPE-008",
                 f"concat: {format_shape(first.shape)} and {format_shape(x.shape)} differ "
                 f"off axis {axis}",
@@ -269,7 +265,7 @@ def _concat(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
 
 def _ids(op: Op, ids: Node, span: Span | None) -> None:
     if ids.dtype is not DType.INT32:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-009",
             f"{op.label}: indices have dtype {ids.dtype}, not int32",
             span,
@@ -282,7 +278,9 @@ def _take(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> 
     table, ids = inputs
     _ids(op, ids, span)
     if table.ndim < 1:
-        raise _fail("E-SHAPE-009", "take: the table is a scalar", span, "take rows of a matrix")
+        raise SexpgpuError(
+            "E-SHAPE-009", "take: the table is a scalar", span, "take rows of a matrix"
+        )
     return table.dtype, ids.shape + table.shape[1:], attrs
 
 
@@ -291,7 +289,7 @@ def _scatter_add(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | No
     ids, updates = inputs
     _ids(op, ids, span)
     if updates.shape[: ids.ndim] != ids.shape:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-009",
             f"scatter-add: updates {format_shape(updates.shape)} do not start with the "
             f"index shape {format_shape(ids.shape)}",
@@ -306,7 +304,7 @@ def _matmul(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
     a, b = inputs
     pair = f"{format_shape(a.shape)} by {format_shape(b.shape)}"
     if a.ndim < 2 or b.ndim < 2:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-006",
             f"matmul: {pair}: both operands need at least 2 axes",
             span,
@@ -315,7 +313,7 @@ def _matmul(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
     dtype = _same_dtype(op, inputs, span)
     _dtype_in(op, a, FLOATS, span)
     if a.shape[-1] != b.shape[-2]:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-003",
             f"matmul: inner dimensions differ, {a.shape[-1]} and {b.shape[-2]} ({pair})",
             span,
@@ -355,14 +353,14 @@ def _softmax_grad(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | N
 def _targets(op: Op, logits: Node, targets: Node, span: Span | None) -> None:
     _dtype_in(op, logits, FLOATS, span)
     if targets.dtype is not DType.INT32:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-010",
             f"cross-entropy: targets have dtype {targets.dtype}, not int32",
             span,
             "targets are class indices, one per row of logits",
         )
     if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-010",
             f"cross-entropy: logits {format_shape(logits.shape)} and targets "
             f"{format_shape(targets.shape)} disagree",
@@ -395,7 +393,7 @@ def _attention(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None
     _dtype_in(op, q, FLOATS, span)
     if q.ndim < 2 or not q.shape == k.shape == v.shape:
         listed = ", ".join(format_shape(x.shape) for x in (q, k, v))
-        raise _fail(
+        raise SexpgpuError(
             "E-SHAPE-011",
             f"attention: queries, keys and values must share one shape [... seq dim]: {listed}",
             span,

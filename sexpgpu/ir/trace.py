@@ -25,7 +25,7 @@ parameters (``width``), not its caller's ``let`` names.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError, Span
@@ -226,6 +226,7 @@ class _Tracer:
         )
 
     def is_function(self, name: str) -> bool:
+        """Whether `name` is callable: a special form, defn, model or vocabulary entry."""
         return (
             name in SPECIAL_FORMS
             or name in self.experiment.functions
@@ -347,7 +348,8 @@ class _Tracer:
             self.activations.setdefault(path, value)
         return value
 
-    def nested(self, name: str, span: Span, thunk):
+    def nested(self, name: str, span: Span, thunk: Callable[[], Value]) -> Value:
+        """``thunk()`` one call level deeper, or E-TRACE-007 past `_MAX_DEPTH` levels."""
         self.depth += 1
         try:
             if self.depth > _MAX_DEPTH:
@@ -388,26 +390,15 @@ class _Tracer:
             cx.args.append(self.eval(item, env, scope))
             cx.arg_spans.append(item.span)
             i += 1
-        n = len(cx.args)
-        if n < entry.min_args or (entry.max_args is not None and n > entry.max_args):
-            want = (
-                str(entry.min_args)
-                if entry.min_args == entry.max_args
-                else f"at least {entry.min_args}"
-                if entry.max_args is None
-                else f"{entry.min_args} to {entry.max_args}"
-            )
-            raise SexpgpuError(
-                "E-TRACE-003",
-                f"`{entry.name}` takes {want} argument{'s' if want != '1' else ''}, found {n}",
-                span,
-                f"usage: {entry.usage}",
-            )
+        _check_count(entry, len(cx.args), span)
         for key, default in entry.keywords.items():
             cx.kwargs.setdefault(key, default)
         return cx
 
-    def keyword(self, entry: Entry, item: Keyword, items, i: int, cx: Call) -> str:
+    def keyword(
+        self, entry: Entry, item: Keyword, items: Sequence[Syntax], i: int, cx: Call
+    ) -> str:
+        """Keyword `item` (``items[i]``) checked: known to `entry`, given once, with a value."""
         if item.name not in entry.keywords:
             raise SexpgpuError(
                 "E-TRACE-003",
@@ -469,3 +460,21 @@ class _Tracer:
                 "a model called twice must see inputs of the same shapes",
             )
         return self.compute_dtype(self.param_nodes[name], span)
+
+
+def _check_count(entry: Entry, n: int, span: Span) -> None:
+    """E-TRACE-003 unless `n` positional arguments suit `entry`."""
+    if entry.min_args <= n and (entry.max_args is None or n <= entry.max_args):
+        return
+    if entry.min_args == entry.max_args:
+        want = str(entry.min_args)
+    elif entry.max_args is None:
+        want = f"at least {entry.min_args}"
+    else:
+        want = f"{entry.min_args} to {entry.max_args}"
+    raise SexpgpuError(
+        "E-TRACE-003",
+        f"`{entry.name}` takes {want} argument{'s' if want != '1' else ''}, found {n}",
+        span,
+        f"usage: {entry.usage}",
+    )

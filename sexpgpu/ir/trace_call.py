@@ -85,10 +85,6 @@ class Call:
 
     # ------------------------------------------------------------ access
 
-    def has(self, key: ArgKey) -> bool:
-        """Whether the argument was given."""
-        return key in self.kwargs if isinstance(key, str) else key < len(self.args)
-
     def get(self, key: ArgKey) -> Value:
         """The raw argument (a keyword's default is filled in by the tracer)."""
         return self.kwargs[key] if isinstance(key, str) else self.args[key]

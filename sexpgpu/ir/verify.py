@@ -1,4 +1,4 @@
-"""The IR verifier: run after every pass in tests (and by `sexpgpu check`).
+"""The IR verifier, run after every pass whenever a run is compiled (run, check, explain).
 
 It recomputes each node's dtype, shape and normalized attributes with the
 op's shape rule, checks that operands come before their users and that

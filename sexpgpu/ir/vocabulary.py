@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
 
-from sexpgpu.errors import SexpgpuError
+from sexpgpu.errors import SexpgpuError, Span
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace_call import Call, Value, describe_value, is_number
 
-__all__ = ["VOCABULARY", "Entry", "entry", "mean_over", "scale"]
+__all__ = ["VOCABULARY", "Entry", "entry", "mean_over"]
 
 Fn = Callable[[Call], Value]
 
@@ -88,16 +88,16 @@ def entry(
     return decorate
 
 
-def scale(x: Node, factor: float, span) -> Node:
+def _scale(x: Node, factor: float, span: Span | None) -> Node:
     """``x * factor`` with the constant in x's dtype."""
     return b.mul(x, b.constant(factor, x.dtype, span=span), span=span)
 
 
-def mean_over(x: Node, axes: tuple[int, ...] | None, keep: bool, span) -> Node:
+def mean_over(x: Node, axes: tuple[int, ...] | None, keep: bool, span: Span | None) -> Node:
     """The mean over `axes` (all when None): a sum times one over the count."""
     total = b.sum(x, axes, keepdims=keep, span=span)
     count = x.size // max(total.size, 1) if x.size else 1
-    return scale(total, 1.0 / count, span)
+    return _scale(total, 1.0 / count, span)
 
 
 # ---------------------------------------------------------------- arithmetic

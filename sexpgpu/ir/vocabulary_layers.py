@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from sexpgpu.errors import SexpgpuError
+from sexpgpu.errors import SexpgpuError, Span
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.shape_rules import format_shape
@@ -51,7 +51,7 @@ def _features(cx: Call, x: Node) -> int:
     return x.shape[-1]
 
 
-def _affine(x: Node, w: Node, bias: Node | None, span) -> Node:
+def _affine(x: Node, w: Node, bias: Node | None, span: Span) -> Node:
     """``x @ w + bias`` over the last axis, as one 2-D product (``[rows in] @ [in n]``)."""
     rows = x if x.ndim == 2 else b.reshape(x, (-1, x.shape[-1]), span=span)
     y = b.matmul(rows, w, span=span)
@@ -76,10 +76,8 @@ def _embed(cx: Call) -> Node:
     return b.take(table, ids, span=cx.span)
 
 
-def _normalize(x: Node, centered: bool, eps: float, span) -> Node:
-    """``(x - mean) / sqrt(var + eps)`` (or ``x / sqrt(mean(x^2) + eps)``) over the last axis."""
-    if centered:
-        return b.layernorm(x, eps, span=span)  # fused; the VJP recomputes the statistics
+def _rms_normalize(x: Node, eps: float, span: Span) -> Node:
+    """``x / sqrt(mean(x^2) + eps)`` over the last axis."""
     power = mean_over(b.mul(x, x, span=span), (-1,), True, span)
     inv = b.rsqrt(b.add(power, b.constant(eps, x.dtype, span=span), span=span), span=span)
     return b.mul(x, inv, span=span)
@@ -90,7 +88,7 @@ def _layernorm(cx: Call) -> Node:
     x = cx.tensor(0)
     width = _features(cx, x)
     w, bias = cx.param("weight", (width,), _ONES), cx.param("bias", (width,), _ZEROS)
-    y = _normalize(x, True, cx.number("eps"), cx.span)
+    y = b.layernorm(x, cx.number("eps"), span=cx.span)  # fused: the VJP recomputes the statistics
     return b.add(b.mul(y, w, span=cx.span), bias, span=cx.span)
 
 
@@ -98,7 +96,7 @@ def _layernorm(cx: Call) -> Node:
 def _rmsnorm(cx: Call) -> Node:
     x = cx.tensor(0)
     w = cx.param("weight", (_features(cx, x),), _ONES)
-    return b.mul(_normalize(x, False, cx.number("eps"), cx.span), w, span=cx.span)
+    return b.mul(_rms_normalize(x, cx.number("eps"), cx.span), w, span=cx.span)
 
 
 @entry(

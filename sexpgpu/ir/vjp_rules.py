@@ -9,6 +9,7 @@ were broadcast get their cotangent summed back to their own shape.
 
 from __future__ import annotations
 
+from sexpgpu.errors import Span
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.dtypes import FLOATS
 from sexpgpu.ir.node import Node, Shape
@@ -21,16 +22,20 @@ Grads = tuple[Node | None, ...]
 Needs = tuple[bool, ...]
 
 
-def unbroadcast(g: Node, shape: Shape) -> Node:
-    """Sum `g` over the axes that broadcasting added or stretched, down to `shape`."""
+def unbroadcast(g: Node, shape: Shape, span: Span | None) -> Node:
+    """Sum `g` over the axes that broadcasting added or stretched, down to `shape`.
+
+    The new nodes take `span`: the forward node's, not the cotangent's (which
+    points at whatever used the forward value).
+    """
     if g.shape == shape:
         return g
     lead = g.ndim - len(shape)
     axes = [*range(lead)] + [
         lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1
     ]
-    summed = b.sum(g, axes=axes, span=g.span) if axes else g
-    return b.reshape(summed, shape, span=g.span) if summed.shape != shape else summed
+    summed = b.sum(g, axes=axes, span=span) if axes else g
+    return b.reshape(summed, shape, span=span) if summed.shape != shape else summed
 
 
 def _const(node: Node, value: float) -> Node:
@@ -97,15 +102,15 @@ def _cast(node: Node, g: Node, needs: Needs) -> Grads:
 def _add(node: Node, g: Node, needs: Needs) -> Grads:
     a, c = node.inputs
     gc = b.neg(g, span=node.span) if node.op is Op.SUB and needs[1] else g
-    return unbroadcast(g, a.shape), unbroadcast(gc, c.shape)
+    return unbroadcast(g, a.shape, node.span), unbroadcast(gc, c.shape, node.span)
 
 
 @vjp_rule(Op.MUL)
 def _mul(node: Node, g: Node, needs: Needs) -> Grads:
     a, c = node.inputs
     s = node.span
-    ga = unbroadcast(b.mul(g, c, span=s), a.shape) if needs[0] else None
-    gc = unbroadcast(b.mul(g, a, span=s), c.shape) if needs[1] else None
+    ga = unbroadcast(b.mul(g, c, span=s), a.shape, s) if needs[0] else None
+    gc = unbroadcast(b.mul(g, a, span=s), c.shape, s) if needs[1] else None
     return ga, gc
 
 
@@ -113,10 +118,10 @@ def _mul(node: Node, g: Node, needs: Needs) -> Grads:
 def _div(node: Node, g: Node, needs: Needs) -> Grads:
     a, c = node.inputs
     s = node.span
-    ga = unbroadcast(b.div(g, c, span=s), a.shape) if needs[0] else None
+    ga = unbroadcast(b.div(g, c, span=s), a.shape, s) if needs[0] else None
     gc = None
     if needs[1]:  # -g * a / c^2 = -(g * y) / c
-        gc = unbroadcast(b.neg(b.div(b.mul(g, node, span=s), c, span=s), span=s), c.shape)
+        gc = unbroadcast(b.neg(b.div(b.mul(g, node, span=s), c, span=s), span=s), c.shape, s)
     return ga, gc
 
 
@@ -127,9 +132,9 @@ def _pow(node: Node, g: Node, needs: Needs) -> Grads:
     ga = gc = None
     if needs[0]:  # g * c * a^(c-1)
         lower = b.pow(a, b.sub(c, _const(node, 1.0), span=s), span=s)
-        ga = unbroadcast(b.mul(g, b.mul(c, lower, span=s), span=s), a.shape)
+        ga = unbroadcast(b.mul(g, b.mul(c, lower, span=s), span=s), a.shape, s)
     if needs[1]:  # g * y * log(a)
-        gc = unbroadcast(b.mul(b.mul(g, node, span=s), b.log(a, span=s), span=s), c.shape)
+        gc = unbroadcast(b.mul(b.mul(g, node, span=s), b.log(a, span=s), span=s), c.shape, s)
     return ga, gc
 
 
@@ -141,9 +146,9 @@ def _extremum(node: Node, g: Node, needs: Needs) -> Grads:
     wins = b.lt(c, a, span=s) if node.op is Op.MAXIMUM else b.lt(a, c, span=s)
     ties = b.mul(b.cast(b.eq(a, c, span=s), node.dtype, span=s), _const(node, 0.5), span=s)
     share = b.add(b.cast(wins, node.dtype, span=s), ties, span=s)
-    ga = unbroadcast(b.mul(g, share, span=s), a.shape) if needs[0] else None
+    ga = unbroadcast(b.mul(g, share, span=s), a.shape, s) if needs[0] else None
     rest = b.sub(_const(node, 1.0), share, span=s)
-    gc = unbroadcast(b.mul(g, rest, span=s), c.shape) if needs[1] else None
+    gc = unbroadcast(b.mul(g, rest, span=s), c.shape, s) if needs[1] else None
     return ga, gc
 
 
@@ -152,8 +157,8 @@ def _where(node: Node, g: Node, needs: Needs) -> Grads:
     cond, a, c = node.inputs
     s = node.span
     zero = _const(node, 0.0)
-    ga = unbroadcast(b.where(cond, g, zero, span=s), a.shape) if needs[1] else None
-    gc = unbroadcast(b.where(cond, zero, g, span=s), c.shape) if needs[2] else None
+    ga = unbroadcast(b.where(cond, g, zero, span=s), a.shape, s) if needs[1] else None
+    gc = unbroadcast(b.where(cond, zero, g, span=s), c.shape, s) if needs[2] else None
     return None, ga, gc
 
 
@@ -195,7 +200,7 @@ def _transpose(node: Node, g: Node, needs: Needs) -> Grads:
 
 @vjp_rule(Op.BROADCAST_TO)
 def _broadcast_to(node: Node, g: Node, needs: Needs) -> Grads:
-    return (unbroadcast(g, node.inputs[0].shape),)
+    return (unbroadcast(g, node.inputs[0].shape, node.span),)
 
 
 @vjp_rule(Op.SLICE)
@@ -240,14 +245,14 @@ def _matmul(node: Node, g: Node, needs: Needs) -> Grads:
     s = node.span
     ga = gc = None
     if needs[0]:  # g @ c^T, summed over broadcast batch axes
-        ga = unbroadcast(b.matmul(g, b.transpose(c, span=s), span=s), a.shape)
+        ga = unbroadcast(b.matmul(g, b.transpose(c, span=s), span=s), a.shape, s)
     if needs[1] and c.ndim == 2 and a.ndim > 2:
         # A weight shared by every row: one (K, rows) @ (rows, N) product.
         rows_a = b.reshape(a, (-1, a.shape[-1]), span=s)
         rows_g = b.reshape(g, (-1, g.shape[-1]), span=s)
         gc = b.matmul(b.transpose(rows_a, span=s), rows_g, span=s)
     elif needs[1]:
-        gc = unbroadcast(b.matmul(b.transpose(a, span=s), g, span=s), c.shape)
+        gc = unbroadcast(b.matmul(b.transpose(a, span=s), g, span=s), c.shape, s)
     return ga, gc
 
 

@@ -177,3 +177,12 @@ def test_deep_chains_need_no_recursion():
     verify(graph)
     out = run(graph, {"x": np.ones(3)})["g"]
     np.testing.assert_allclose(out, np.full(3, 1.0001**5000), rtol=1e-3)
+
+
+def test_a_broadcast_operand_gradient_keeps_the_forward_span():
+    source = Source("m.lisp", "(tanh (+ x bias))\n")
+    outer, inner = Span(source, 1, 1, 1, 18), Span(source, 1, 7, 1, 17)
+    x, bias = b.input("x", (3, 4), "f32"), b.param("bias", (4,), "f32")
+    loss = b.sum(b.tanh(b.add(x, bias, span=inner), span=outer), span=outer)
+    (gbias,) = grad(loss, [bias])
+    assert gbias.op.label == "sum" and gbias.span is inner

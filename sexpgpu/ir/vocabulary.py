@@ -123,24 +123,32 @@ _NODE_BINARY: dict[str, Callable[..., Node]] = {
 
 
 def _fold(cx: Call) -> Value:
-    """Apply a binary op left to right over the arguments."""
-    name = cx.name
+    """Apply a binary op left to right over the arguments.
+
+    Numbers are folded in Python as long as no tensor has joined (``(/ 1 0
+    x)`` fails at the ``(/ 1 0)``); the accumulated value keeps the first
+    argument's span.
+    """
     if all(is_number(v) for v in cx.args):
-        try:
-            return reduce(_PY_BINARY[name], cx.args)
-        except (ZeroDivisionError, OverflowError, ValueError) as err:
-            raise cx.fail(f"{name}: {err} for {cx.args}", "check the numbers") from None
-    acc_key: int = 0
+        return _fold_numbers(cx, cx.args)
     acc: Value = cx.args[0]
     for i in range(1, len(cx.args)):
-        spans = [cx.where(acc_key), cx.where(i)]
-        pair = Call(name, cx.span, [acc, cx.args[i]], spans, dtype=cx.dtype)
+        spans = [cx.where(0), cx.where(i)]
+        pair = Call(cx.name, cx.span, [acc, cx.args[i]], spans, dtype=cx.dtype)
         if all(is_number(v) for v in pair.args):
-            acc = _PY_BINARY[name](*pair.args)
+            acc = _fold_numbers(cx, pair.args)
         else:
             left, right = pair.tensors([0, 1])
-            acc = _NODE_BINARY[name](left, right, span=cx.span)
+            acc = _NODE_BINARY[cx.name](left, right, span=cx.span)
     return acc
+
+
+def _fold_numbers(cx: Call, numbers: list[Value]) -> Value:
+    """`numbers` folded with `cx`'s Python operator, or E-TRACE-004 (division by zero...)."""
+    try:
+        return reduce(_PY_BINARY[cx.name], numbers)
+    except (ZeroDivisionError, OverflowError, ValueError) as err:
+        raise cx.fail(f"{cx.name}: {err} for {numbers}", "check the numbers") from None
 
 
 def _register_binary(name: str, usage: str, arity: tuple[int, int | None]) -> None:

@@ -179,6 +179,8 @@ def test_unknown_name_suggests_the_nearest() -> None:
             "",
             "error[E-SHAPE-009]: take: indices have dtype f32, not int32",
         ),
+        ("(* x (/ 1 0))", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
+        ("(/ 1 0 x)", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
     ],
 )
 def test_call_errors(body: str, head: str, first_line: str) -> None:

@@ -146,7 +146,11 @@ def _fold(cx: Call) -> Value:
 def _fold_numbers(cx: Call, numbers: list[Value]) -> Value:
     """`numbers` folded with `cx`'s Python operator, or E-TRACE-004 (division by zero...)."""
     try:
-        return reduce(_PY_BINARY[cx.name], numbers)
+        result = reduce(_PY_BINARY[cx.name], numbers)
+        if isinstance(result, complex):  # (pow -1 0.5)
+            raise ValueError("the result is not a real number")
+        float(result)  # an integer past the float range raises OverflowError
+        return result
     except (ZeroDivisionError, OverflowError, ValueError) as err:
         raise cx.fail(f"{cx.name}: {err} for {numbers}", "check the numbers") from None
 

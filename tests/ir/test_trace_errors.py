@@ -181,6 +181,16 @@ def test_unknown_name_suggests_the_nearest() -> None:
         ),
         ("(* x (/ 1 0))", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
         ("(/ 1 0 x)", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
+        (
+            "(* x (pow -1 0.5))",
+            "",
+            "error[E-TRACE-004]: pow: the result is not a real number for [-1, 0.5]",
+        ),
+        (
+            "(* x (pow 10 400))",
+            "",
+            "error[E-TRACE-004]: pow: int too large to convert to float for [10, 400]",
+        ),
     ],
 )
 def test_call_errors(body: str, head: str, first_line: str) -> None:

@@ -106,6 +106,7 @@ CODES: dict[str, str] = {
     "E-DATA-003": "data file of the wrong dtype or size",
     "E-DATA-004": "data field missing, or fields of different lengths",
     "E-DATA-005": "unknown data source or bad data option",
+    "E-DATA-006": "an id in the data is out of range for the model (vocabulary or classes)",
     # training runs
     "E-TRAIN-001": "unknown optimizer, schedule or diagnostic, or a bad option of one",
     "E-TRAIN-002": "the loss became NaN or infinite",

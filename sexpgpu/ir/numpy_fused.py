@@ -10,16 +10,41 @@ from __future__ import annotations
 
 import numpy as np
 
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.rules import impl_rule
 
-__all__: list[str] = []
+__all__ = ["check_ids"]
 
 Out = np.ndarray | None
 
 # Rows of logits handled at once by the fused cross-entropy (bounds its temporaries).
 _CHUNK_ELEMENTS = 1 << 22
+
+
+def check_ids(node: Node, ids: np.ndarray, size: int) -> None:
+    """E-DATA-006 at `node`'s span unless every id is in ``[0, size)``.
+
+    Ids come from the data (token ids, class labels), so only a run can find
+    one past the model's vocabulary or classes; NumPy would raise an
+    IndexError for it, or silently wrap a negative one around. Used by
+    ``take`` and cross-entropy.
+    """
+    if ids.size == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < size:
+        return
+    kind = "rows" if node.op is Op.TAKE else "classes"
+    raise SexpgpuError(
+        "E-DATA-006",
+        f"{node.op.label}: the data holds id {high if high >= size else low}, "
+        f"out of range for {size} {kind}",
+        node.span,
+        f"ids must lie in 0..{size - 1}: make the vocabulary (or the classes) as large "
+        "as the data needs",
+    )
 
 
 _GELU_C = np.sqrt(2 / np.pi)
@@ -128,6 +153,7 @@ def _row_chunks(logits: np.ndarray):
 def _cross_entropy(node: Node, logits: np.ndarray, targets: np.ndarray, out: Out = None):
     flat, step = _row_chunks(logits)
     ids = targets.reshape(-1)
+    check_ids(node, ids, flat.shape[1])
     loss = np.empty(flat.shape[0], dtype=logits.dtype)
     if out is not None and out.flags.c_contiguous:
         loss = out.reshape(-1)
@@ -154,6 +180,7 @@ def _cross_entropy_grad(
     flat, step = _row_chunks(logits)
     dst = result.reshape(flat.shape)
     ids, scale = targets.reshape(-1), g.reshape(-1, 1)
+    check_ids(node, ids, flat.shape[1])
     for lo in range(0, flat.shape[0], step):
         hi = min(lo + step, flat.shape[0])
         rows = dst[lo:hi]

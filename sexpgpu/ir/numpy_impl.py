@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sexpgpu.ir import numpy_fused as _numpy_fused  # noqa: F401  (fills IMPL_RULES)
 from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
 from sexpgpu.ir.node import ConstArray, Node
+from sexpgpu.ir.numpy_fused import check_ids  # the import fills IMPL_RULES
 from sexpgpu.ir.ops import VIEW, Op
 from sexpgpu.ir.rules import IMPL_RULES, impl_rule
 
@@ -201,6 +201,7 @@ def _concat(node: Node, *xs: np.ndarray, out: Out = None) -> np.ndarray:
 
 @impl_rule(Op.TAKE)
 def _take(node: Node, table: np.ndarray, ids: np.ndarray, out: Out = None) -> np.ndarray:
+    check_ids(node, ids, table.shape[0])
     return np.take(table, ids, axis=0)
 
 

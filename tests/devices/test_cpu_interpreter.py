@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sexpgpu.devices.cpu import CpuProgram, run
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.autodiff import training_graph
 from sexpgpu.ir.dtypes import round_bf16
@@ -189,3 +190,21 @@ def test_matmul_and_attention_split_over_threads_match(monkeypatch):
     got, want = split(feeds), whole(feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("ids", "targets", "message"),
+    [
+        ([0, 5], [0, 1], "take: the data holds id 5, out of range for 5 rows"),
+        ([0, -1], [0, 1], "take: the data holds id -1, out of range for 5 rows"),
+        ([0, 4], [3, 1], "cross-entropy: the data holds id 3, out of range for 3 classes"),
+    ],
+)
+def test_ids_out_of_range_are_data_errors_not_index_errors(ids, targets, message):
+    table, w = b.param("table", (5, 4), "f32"), b.param("w", (4, 3), "f32")
+    ids_node, targets_node = b.input("ids", (2,), "int32"), b.input("targets", (2,), "int32")
+    loss = b.sum(b.cross_entropy(b.matmul(b.take(table, ids_node), w), targets_node))
+    feeds = {"table": np.ones((5, 4)), "w": np.ones((4, 3)), "ids": ids, "targets": targets}
+    with pytest.raises(SexpgpuError) as info:
+        run(Graph.of({"loss": loss}), feeds)
+    assert info.value.code == "E-DATA-006" and info.value.message == message

@@ -296,6 +296,8 @@ def _slice(cx: Call) -> Node:
 def _concat(cx: Call) -> Node:
     if len(cx.args) == 1 and isinstance(cx.args[0], tuple):  # (concat [a b] :axis 1)
         items = list(cx.args[0])
+        if not items:
+            raise cx.fail("concat: the vector of parts is empty", "join one tensor or more", 0)
         parts = Call(cx.name, cx.span, items, [cx.where(0)] * len(items), dtype=cx.dtype)
         return b.concat(parts.tensors(range(len(parts.args))), cx.integer("axis"), span=cx.span)
     return b.concat(cx.tensors(range(len(cx.args))), cx.integer("axis"), span=cx.span)

@@ -181,6 +181,7 @@ def test_unknown_name_suggests_the_nearest() -> None:
         ),
         ("(* x (/ 1 0))", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
         ("(/ 1 0 x)", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
+        ("(concat [])", "", "error[E-TRACE-004]: concat: the vector of parts is empty"),
         (
             "(* x (pow -1 0.5))",
             "",

@@ -2,11 +2,12 @@
 
 Every op has a shape/dtype rule, a NumPy implementation and a VJP in the
 tables of `sexpgpu.ir.rules` (or sits in an explicit exemption set there).
-Layers such as ``gelu`` or ``layernorm`` are composed from these ops by the
-tracer; the few fused ops (softmax, log-softmax, cross-entropy and their
-gradients, attention, layernorm, gelu and their gradients) exist so that the
-[batch seq vocab] logits and the [batch heads seq seq] attention weights are
-never stored whole, and a layer's intermediates are not stored at all.
+Layers such as ``linear``, ``rmsnorm`` or ``attention`` are composed from
+these ops by the tracer; the few fused ops (softmax, log-softmax,
+cross-entropy, attention, layernorm, gelu, and the gradients of all but
+log-softmax) exist so that the [batch seq vocab] log-probabilities and the [batch
+heads seq seq] attention weights are never stored whole, and the
+intermediates of a normalization or an activation are not stored at all.
 
 Attributes per op (in ``Node.attrs``):
 

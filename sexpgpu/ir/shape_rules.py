@@ -263,14 +263,15 @@ def _concat(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
     return dtype, (*first.shape[:axis], size, *first.shape[axis + 1 :]), {"axis": axis}
 
 
+def _int32(code: str, what: str, node: Node, span: Span | None, hint: str) -> None:
+    """`code` unless `node` (`what`: ``take: indices``) holds int32 indices."""
+    if node.dtype is not DType.INT32:
+        raise SexpgpuError(code, f"{what} have dtype {node.dtype}, not int32", span, hint)
+
+
 def _ids(op: Op, ids: Node, span: Span | None) -> None:
-    if ids.dtype is not DType.INT32:
-        raise SexpgpuError(
-            "E-SHAPE-009",
-            f"{op.label}: indices have dtype {ids.dtype}, not int32",
-            span,
-            "row indices are int32 token ids; (cast ids :dtype int32)",
-        )
+    hint = "row indices are int32 token ids; (cast ids :dtype int32)"
+    _int32("E-SHAPE-009", f"{op.label}: indices", ids, span, hint)
 
 
 @shape_rule(Op.TAKE)
@@ -352,13 +353,8 @@ def _softmax_grad(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | N
 
 def _targets(op: Op, logits: Node, targets: Node, span: Span | None) -> None:
     _dtype_in(op, logits, FLOATS, span)
-    if targets.dtype is not DType.INT32:
-        raise SexpgpuError(
-            "E-SHAPE-010",
-            f"cross-entropy: targets have dtype {targets.dtype}, not int32",
-            span,
-            "targets are class indices, one per row of logits",
-        )
+    hint = "targets are class indices, one per row of logits"
+    _int32("E-SHAPE-010", "cross-entropy: targets", targets, span, hint)
     if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
         raise SexpgpuError(
             "E-SHAPE-010",

@@ -183,6 +183,11 @@ def test_unknown_name_suggests_the_nearest() -> None:
         ("(/ 1 0 x)", "", "error[E-TRACE-004]: /: division by zero for [1, 0]"),
         ("(concat [])", "", "error[E-TRACE-004]: concat: the vector of parts is empty"),
         (
+            "(cross-entropy x (sum x :axis 1))",
+            "",
+            "error[E-SHAPE-010]: cross-entropy: targets have dtype f32, not int32",
+        ),
+        (
             "(* x (pow -1 0.5))",
             "",
             "error[E-TRACE-004]: pow: the result is not a real number for [-1, 0.5]",

@@ -140,7 +140,9 @@ def constant(
     return emit(Op.CONSTANT, span=span, value=value, shape=tuple(shape), dtype=dtype)
 
 
-def iota(shape: ShapeLike, axis: builtins.int, dtype: DType | str = "int32", span=None) -> Node:
+def iota(
+    shape: ShapeLike, axis: builtins.int, dtype: DType | str = "int32", span: Span | None = None
+) -> Node:
     """The index along `axis` at every position of `shape` (``positions``, causal masks)."""
     return emit(Op.IOTA, span=span, shape=tuple(shape), axis=axis, dtype=DType(dtype))
 
@@ -257,7 +259,13 @@ def slice(
     return emit(Op.SLICE, x, span=span, axis=axis, start=start, stop=stop)
 
 
-def pad(x: Node, axis: builtins.int, before: builtins.int, after: builtins.int, span=None) -> Node:
+def pad(
+    x: Node,
+    axis: builtins.int,
+    before: builtins.int,
+    after: builtins.int,
+    span: Span | None = None,
+) -> Node:
     """`x` with `before` and `after` zeros added along `axis`."""
     return emit(Op.PAD, x, span=span, axis=axis, before=before, after=after)
 
@@ -330,7 +338,13 @@ def attention(
 
 
 def attention_grad(
-    q: Node, k: Node, v: Node, g: Node, causal: builtins.bool, scale: builtins.float, span=None
+    q: Node,
+    k: Node,
+    v: Node,
+    g: Node,
+    causal: builtins.bool,
+    scale: builtins.float,
+    span: Span | None = None,
 ) -> Node:
     """The VJP of `attention`: ``[dq, dk, dv]`` stacked on a new first axis of size 3."""
     return emit(Op.ATTENTION_GRAD, q, k, v, g, span=span, causal=causal, scale=scale)

@@ -16,7 +16,7 @@ from sexpgpu.ir.node import ConstArray, Node, Shape
 from sexpgpu.ir.ops import COMPARISON, Op
 from sexpgpu.ir.rules import shape_rule
 
-__all__ = ["broadcast_shapes", "format_shape"]
+__all__ = ["broadcast_shapes", "check_targets", "format_shape"]
 
 Attrs = dict[str, Any]
 Result = tuple[DType, Shape, Attrs]
@@ -351,7 +351,8 @@ def _softmax_grad(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | N
     return y.dtype, y.shape, {"axis": _axis(op, attrs["axis"], y.ndim, span, y.shape)}
 
 
-def _targets(op: Op, logits: Node, targets: Node, span: Span | None) -> None:
+def check_targets(op: Op, logits: Node, targets: Node, span: Span | None) -> None:
+    """E-SHAPE-002 or -010 unless float `logits` ``[.. classes]`` fit int32 `targets` ``[..]``."""
     _dtype_in(op, logits, FLOATS, span)
     hint = "targets are class indices, one per row of logits"
     _int32("E-SHAPE-010", "cross-entropy: targets", targets, span, hint)
@@ -368,7 +369,7 @@ def _targets(op: Op, logits: Node, targets: Node, span: Span | None) -> None:
 @shape_rule(Op.CROSS_ENTROPY)
 def _cross_entropy(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
     logits, targets = inputs
-    _targets(op, logits, targets, span)
+    check_targets(op, logits, targets, span)
     return logits.dtype, targets.shape, attrs
 
 
@@ -377,7 +378,7 @@ def _cross_entropy_grad(
     op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None
 ) -> Result:
     logits, targets, g = inputs
-    _targets(op, logits, targets, span)
+    check_targets(op, logits, targets, span)
     assert g.shape == targets.shape and g.dtype == logits.dtype, (logits, g)
     return logits.dtype, logits.shape, attrs
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 
-from sexpgpu.errors import SexpgpuError, Span
+from sexpgpu.errors import Span
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.node import Node
-from sexpgpu.ir.shape_rules import format_shape
+from sexpgpu.ir.ops import Op
+from sexpgpu.ir.shape_rules import check_targets, format_shape
 from sexpgpu.ir.trace_call import Call
 from sexpgpu.ir.trace_init import Init
 from sexpgpu.ir.vocabulary import entry, mean_over
@@ -143,14 +144,8 @@ def _attention(cx: Call) -> Node:
 @entry("cross-entropy", "(cross-entropy logits targets)", (2, 2))
 def _cross_entropy(cx: Call) -> Node:
     logits, targets = cx.tensor(0), cx.tensor(1)
-    if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
-        raise SexpgpuError(
-            "E-SHAPE-010",
-            f"cross-entropy: logits {format_shape(logits.shape)} and targets "
-            f"{format_shape(targets.shape)} disagree",
-            cx.span,
-            "logits are [.. classes] and targets [..]: one class index per row of logits",
-        )
+    # Checked before the rows are flattened, which could make other shapes agree.
+    check_targets(Op.CROSS_ENTROPY, logits, targets, cx.span)
     if logits.ndim != 2:
         logits = b.reshape(logits, (-1, logits.shape[-1]), span=cx.span)
         targets = b.reshape(targets, (-1,), span=cx.span)

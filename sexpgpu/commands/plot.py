@@ -37,7 +37,7 @@ def plot_losses(run_dir: Path, output: Path) -> Path:
         "eval/loss": ([], []),
     }
     for record in read_metrics(path):
-        if record["name"] in series:
+        if record["name"] in series and _is_point(record):
             series[record["name"]][0].append(record["step"])
             series[record["name"]][1].append(record["value"])
     if not series["train/loss"][0]:
@@ -57,9 +57,36 @@ def plot_losses(run_dir: Path, output: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(output)
-    plt.close(fig)
+    if not output.suffix:  # matplotlib would add `.png` itself; name the file it writes
+        output = output.with_name(output.name + ".png")
+    formats = fig.canvas.get_supported_filetypes()
+    if output.suffix[1:].lower() not in formats:
+        plt.close(fig)
+        raise SexpgpuError(
+            "E-CLI-001",
+            f"cannot write {output}: matplotlib writes no `{output.suffix}` images",
+            str(output),
+            hint=f"end --output with .png or another of {', '.join(sorted(formats))}",
+        )
+    try:
+        fig.savefig(output)
+    except OSError as err:
+        raise SexpgpuError(
+            "E-CLI-001",
+            f"cannot write {output}: {err.strerror or err}",
+            str(output),
+            hint="choose a --output PNG in a folder you can write to",
+        ) from None
+    finally:
+        plt.close(fig)
     return output
+
+
+def _is_point(record: dict[str, object]) -> bool:
+    # A hand-edited or damaged line may hold a record whose step or value is not a number.
+    step, value = record["step"], record["value"]
+    numbers = isinstance(step, int) and isinstance(value, (int, float))
+    return numbers and not isinstance(step, bool) and not isinstance(value, bool)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -192,12 +192,29 @@ def _python_stdlib(data: Any) -> TokenStream:
     return TokenStream(python_stdlib_bytes(), _seq(data), _split(data), "python-stdlib")
 
 
+def _check_int32_range(value: np.ndarray, key: str, where: str, name: str) -> None:
+    # Integers become int32; a cast of larger values would wrap silently.
+    if value.dtype.kind == "b" or value.size == 0 or np.can_cast(value.dtype, np.int32):
+        return
+    low, high = int(value.min()), int(value.max())
+    limits = np.iinfo(np.int32)
+    if low < limits.min or high > limits.max:
+        raise SexpgpuError(
+            "E-DATA-003",
+            f"data set `{name}`: field {key} of {where} holds integers from {low} to {high}, "
+            "outside int32",
+            where,
+            hint="integer fields become int32: store ids and labels below 2**31",
+        )
+
+
 def _sample_arrays(raw: Mapping[str, np.ndarray], where: str, name: str) -> dict[str, np.ndarray]:
     out = {}
     for key, value in raw.items():
         if value.dtype.kind == "f":
             out[key] = value.astype(np.float32, copy=False)
         elif value.dtype.kind in "iub":
+            _check_int32_range(value, key, where, name)
             out[key] = value.astype(np.int32, copy=False)
         else:
             raise SexpgpuError(

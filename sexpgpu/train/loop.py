@@ -118,8 +118,7 @@ class Trainer:
         make_optimizer(s.optimizer, {}, {})  # unknown names and options
         make_schedule(s.schedule, 1.0, s.steps)
         ckpt = self._load_resume()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl", ckpt.step if ckpt else None)
+        metrics = self._open_metrics(ckpt.step if ckpt else None)
         try:
             if ckpt is not None:
                 metrics.annotate(ckpt.step, f"resume: from {ckpt.where}")
@@ -130,8 +129,10 @@ class Trainer:
             results = group.run(
                 lambda ctx: RankLoop(self, ctx, loaders[ctx.rank], ckpt, metrics).run()
             )
-        except BaseException:
-            self._status(metrics, state="failed")
+        except BaseException as err:
+            # Ctrl-C is not a failure of the run: say so, keeping the last step and loss.
+            stopped = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+            self._status(metrics, state=stopped)
             raise
         finally:
             metrics.close()
@@ -139,6 +140,21 @@ class Trainer:
         summary.seconds = time.perf_counter() - started
         summary.resumed_from = ckpt.step if ckpt else None
         return summary
+
+    def _open_metrics(self, resumed: int | None) -> MetricsLog:
+        # The run directory is made here, so an --out that cannot hold one is a user error.
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            return MetricsLog(self.run_dir / "metrics.jsonl", resumed)
+        except OSError as err:
+            is_file = self.run_dir.exists() and not self.run_dir.is_dir()
+            reason = "it is a file" if is_file else (err.strerror or str(err))
+            raise SexpgpuError(
+                "E-CLI-001",
+                f"cannot use {self.run_dir} as the run directory: {reason}",
+                str(self.run_dir),
+                hint="point --out at a new or existing folder you can write to",
+            ) from None
 
     def _load_resume(self) -> Checkpoint | None:
         if self.resume is None:
@@ -176,9 +192,12 @@ class Trainer:
         return ckpt
 
     def _status(self, metrics: MetricsLog, **fields: Any) -> None:
+        # Fields not given keep their last written value, so a final "failed" or
+        # "interrupted" still says how far the run got.
         defaults = {"step": 0, "steps": self.settings.steps, "loss": None}
         defaults |= {"tokens_per_s": 0.0, "eta_s": None}
+        self._last_status = getattr(self, "_last_status", defaults) | fields
         try:
-            write_status(self.run_dir / "status.json", **(defaults | fields))
+            write_status(self.run_dir / "status.json", **self._last_status)
         except OSError:  # the run's own error matters more
             log.warning("could not write %s", self.run_dir / "status.json")

@@ -73,7 +73,8 @@ def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
     path = Path(path)
     if not path.exists():
         return
-    with open(path, encoding="utf-8") as f:
+    # Undecodable bytes (a damaged file) become lines that fail to parse and are skipped.
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 record = json.loads(line)
@@ -109,7 +110,7 @@ def write_status(
         "loss": loss,
         "tokens_per_s": tokens_per_s,
         "eta_s": eta_s,
-        "state": state,  # "running", "done" or "failed"
+        "state": state,  # "running", "done", "failed" or "interrupted"
         "updated": time.time(),
     }
     _atomic_write(Path(path), json.dumps(status, indent=1) + "\n")

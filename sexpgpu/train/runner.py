@@ -14,7 +14,8 @@ from sexpgpu.train.settings import RunSettings, experiment_hash
 __all__ = ["prepare_run", "run_experiment"]
 
 
-def _devices(device: str | None, environ: Mapping[str, str]) -> list[str]:
+def _devices(device: str | None, environ: Mapping[str, str]) -> tuple[list[str], int | None]:
+    """The local devices of a cpu run, and ``SEXPGPU_MEMORY`` (None when unset)."""
     from sexpgpu.runtime.config import RuntimeConfig
 
     config = RuntimeConfig.from_env(environ, device=device)
@@ -32,7 +33,34 @@ def _devices(device: str | None, environ: Mapping[str, str]) -> list[str]:
             "SEXPGPU_NODES",
             hint="unset SEXPGPU_NODES for a cpu run",
         )
-    return [str(d) for d in config.local_devices]
+    return [str(d) for d in config.local_devices], config.memory
+
+
+def _check_memory(program: Any, settings: RunSettings, ranks: int, memory: int | None) -> None:
+    """E-MEM-001 before any initializer runs when a rank's arrays cannot fit.
+
+    A rank holds its float32 parameters, the optimizer's moments (one array
+    per parameter each) and the training graph's planned live set. The
+    simulated ranks of a cpu run share the host, so each gets its share of
+    the host's memory unless ``SEXPGPU_MEMORY`` sets the budget per rank.
+    """
+    from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
+    from sexpgpu.train.optim import OPTIMIZERS
+
+    budget = detect_budget("cpu", memory)
+    if memory is None and ranks > 1:
+        budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")
+    params = 4 * int(program.param_count)
+    moments = len(getattr(OPTIMIZERS.get(settings.optimizer.name), "moments", ()))
+    plan = MemoryPlan(
+        budget,
+        {
+            "parameters": params,
+            "optimizer": moments * params,
+            "activations": int(program.planned_peak_bytes),
+        },
+    )
+    plan.check(hint="shrink the model's sizes")
 
 
 def prepare_run(
@@ -74,7 +102,7 @@ def prepare_run(
     from sexpgpu.devices.program import compile_run
     from sexpgpu.lang import load_experiment
 
-    devices = _devices(device, os.environ if environ is None else environ)
+    devices, memory = _devices(device, os.environ if environ is None else environ)
     experiment = load_experiment(path, variant)
     rundef = experiment.run(run)
     if steps is not None and steps < 1:
@@ -86,6 +114,7 @@ def prepare_run(
         )
     settings = RunSettings.from_run(rundef, steps)
     first = compile_run(experiment, rundef)  # errors surface before any thread starts
+    _check_memory(first, settings, len(devices), memory)
     programs = {0: first}
 
     def make_program(rank: int) -> Any:

@@ -1,0 +1,121 @@
+"""What `sexpgpu run` and `sexpgpu plot` say to a user who gives them something they cannot use."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sexpgpu.cli import main
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.train import run_experiment
+
+RUN = """
+(defdata digits (digits) :split 0.9)
+(defmodel mlp (x) {body})
+(defrun train :model mlp :data digits :loss (cross-entropy (mlp x) y)
+  :optimizer (sgd :lr 0.1) :batch 8 :steps {steps})
+"""
+SMALL = "(-> x (linear 8) relu (linear 10))"
+
+
+def _file(tmp_path, body=SMALL, steps=3, name="m.lisp"):
+    path = tmp_path / name
+    path.write_text(RUN.format(body=body, steps=steps))
+    return path
+
+
+def _error(capsys) -> str:
+    return capsys.readouterr().err
+
+
+def test_a_model_larger_than_the_host_is_refused_before_any_initializer(tmp_path, capsys):
+    # 64 x 1e9 floats is 238 GiB: the plan must refuse it without allocating a byte of it.
+    path = _file(tmp_path, "(let [w (param [64 1000000000])] (-> x (matmul w) (linear 10)))")
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-MEM-001]" in err and "parameters" in err and "host memory" in err
+    assert "shrink the model's sizes" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_sexpgpu_memory_budgets_a_cpu_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SEXPGPU_MEMORY", "2KiB")
+    assert main(["run", str(_file(tmp_path)), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-MEM-001]" in err and "--> SEXPGPU_MEMORY" in err
+    assert "optimizer" in err and "activations" in err
+
+
+@pytest.mark.parametrize("out", ["a-file", "a-file/sub"])
+def test_an_out_that_cannot_be_a_folder_is_a_user_error(tmp_path, capsys, out):
+    (tmp_path / "a-file").write_text("not a run")
+    assert main(["run", str(_file(tmp_path)), "--out", str(tmp_path / out)]) == 1
+    err = _error(capsys)
+    assert "error[E-CLI-001]" in err and "as the run directory" in err
+    assert ("it is a file" if out == "a-file" else "Not a directory") in err
+    assert (tmp_path / "a-file").read_text() == "not a run"
+
+
+def test_integer_fields_beyond_int32_are_refused_not_wrapped(tmp_path, capsys):
+    rows = np.random.default_rng(0).random((40, 4), dtype=np.float32)
+    np.savez(tmp_path / "d.npz", x=rows, y=np.full(40, 2**40, np.int64))
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        '(defdata d (arrays "d.npz" :fields [x y]))\n'
+        "(defmodel m (x) (-> x (linear 3)))\n"
+        "(defrun a :model m :data d :loss (cross-entropy (m x) y)"
+        " :optimizer (sgd :lr 0.1) :batch 4 :steps 2)\n"
+    )
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-DATA-003]" in err and "outside int32" in err and "field y" in err
+
+
+def test_ctrl_c_marks_the_status_interrupted_and_keeps_the_last_step(tmp_path):
+    def stop(report):
+        if report.step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(_file(tmp_path, steps=5), out=tmp_path / "run", on_step=stop)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "interrupted"
+    assert status["steps"] == 5
+
+
+def _run_dir(tmp_path):
+    run_dir = tmp_path / "run"
+    run_experiment(_file(tmp_path, steps=2), out=run_dir)
+    return run_dir
+
+
+def test_plot_skips_undecodable_and_malformed_lines(tmp_path, capsys):
+    run_dir = tmp_path / "bin"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_bytes(b"\xa4\xff\x00garbage\n")
+    assert main(["plot", str(run_dir)]) == 1
+    assert "error[E-PLOT-002]" in _error(capsys)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": "x", "name": "train/loss", "value": "a"}\n')
+    assert main(["plot", str(run_dir)]) == 1
+    assert "no train/loss records" in _error(capsys)
+
+
+def test_plot_output_names(tmp_path, capsys):
+    run_dir = _run_dir(tmp_path)
+    assert main(["plot", str(run_dir), "-o", str(tmp_path / "loss.txt")]) == 1
+    err = _error(capsys)
+    assert "error[E-CLI-001]" in err and "no `.txt` images" in err and ".png" in err
+    # Without a suffix matplotlib adds .png: the message names the file written.
+    assert main(["plot", str(run_dir), "-o", str(tmp_path / "loss")]) == 0
+    assert f"wrote {tmp_path / 'loss.png'}" in capsys.readouterr().out
+    assert (tmp_path / "loss.png").stat().st_size > 0
+    assert main(["plot", str(run_dir), "-o", "/proc/no-such/loss.png"]) == 1
+    assert "error[E-CLI-001]" in _error(capsys)
+
+
+def test_errors_stay_sexpgpu_errors_in_the_library(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SexpgpuError) as info:
+        run_experiment(_file(tmp_path), out=tmp_path / "f")
+    assert info.value.code == "E-CLI-001"

@@ -117,7 +117,8 @@ def read_file(path: str | PathLike[str]) -> tuple[Node, ...]:
 def load_text(path: str | PathLike[str]) -> str:
     """The text of a UTF-8 file, or E-READ-007 naming why it cannot be read."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark that some editors write first is not text.
+        return Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise SexpgpuError(
             "E-READ-007", f"no such file: {path}", str(path), hint="check the path"

@@ -98,15 +98,20 @@ class Location:
                 names = os.listdir(self.root)
         except FileNotFoundError:
             return []
-        except OSError as err:
-            raise _unusable(self.where, err) from None
+        except Exception as err:
+            raise self._unusable(err) from None
         return sorted((int(m[1]) for n in names if (m := _STEP.match(n))), reverse=True)
 
     def read(self, step: int, name: str) -> bytes:
         path = self._join(f"step-{step}", name)
         if self.remote:
-            with self.fs.open(path, "rb") as f:
-                return f.read()
+            try:
+                with self.fs.open(path, "rb") as f:
+                    return f.read()
+            except OSError:
+                raise  # a missing or cut-off file: the caller calls the checkpoint damaged
+            except Exception as err:
+                raise self._unusable(err) from None
         return Path(path).read_bytes()
 
     def write(self, step: int, files: Mapping[str, bytes]) -> str:
@@ -117,9 +122,16 @@ class Location:
                 self._write_remote(final, files)
             else:
                 self._write_local(final, files)
-        except OSError as err:
-            raise _unusable(self.where, err) from None
+        except Exception as err:
+            raise self._unusable(err) from None
         return final
+
+    def _unusable(self, err: Exception) -> Exception:
+        # fsspec's backends raise their own errors (botocore's NoCredentialsError, say):
+        # any failure there is the location's; locally only an OSError is.
+        if self.remote or isinstance(err, OSError):
+            return _unusable(self.where, err)
+        return err
 
     def _write_remote(self, final: str, files: Mapping[str, bytes]) -> None:
         if self.fs.exists(final):  # a stale folder of this step: retire its manifest first
@@ -212,6 +224,8 @@ def _read_verified(location: Location, step: int) -> Checkpoint:
     where = f"{location.where}/step-{step}"
     try:
         manifest = json.loads(location.read(step, "manifest.json"))
+        if not isinstance(manifest, dict):
+            raise ValueError("manifest.json is not a JSON object")
         blobs = {n: location.read(step, n) for n in _FILES}
     except (OSError, ValueError) as err:
         raise SexpgpuError(

@@ -118,6 +118,8 @@ class Trainer:
         make_optimizer(s.optimizer, {}, {})  # unknown names and options
         make_schedule(s.schedule, 1.0, s.steps)
         ckpt = self._load_resume()
+        if ckpt is None and self.location is not None and self.location.remote:
+            self.location.steps()  # an unreachable bucket is E-CKPT-004 now, not after step N
         metrics = self._open_metrics(ckpt.step if ckpt else None)
         try:
             if ckpt is not None:

@@ -85,6 +85,17 @@ def test_read_file_not_utf8(tmp_path):
     assert info.value.render().startswith("error[E-READ-007]: not UTF-8 text: byte 3")
 
 
+def test_read_file_skips_a_byte_order_mark(tmp_path):
+    path = tmp_path / "bom.lisp"
+    path.write_bytes(b"\xef\xbb\xbf(a\n  @)")
+    with pytest.raises(SexpgpuError) as info:
+        read_file(path)
+    # The mark is neither a stray character nor a column: `@` stands at 2:3.
+    assert info.value.code == "E-READ-006" and " --> " + str(path) + ":2:3" in info.value.render()
+    path.write_bytes(b"\xef\xbb\xbf(defparams (a 1))")
+    assert len(read_file(path)) == 1
+
+
 # -- errors, pinned in full ---------------------------------------------------------
 
 

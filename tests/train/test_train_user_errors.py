@@ -119,3 +119,46 @@ def test_errors_stay_sexpgpu_errors_in_the_library(tmp_path):
     with pytest.raises(SexpgpuError) as info:
         run_experiment(_file(tmp_path), out=tmp_path / "f")
     assert info.value.code == "E-CLI-001"
+
+
+class _NoCredentials:
+    """An fsspec filesystem whose backend refuses every call, as s3fs does without keys."""
+
+    def __getattr__(self, name):
+        def refuse(*args, **kwargs):
+            raise RuntimeError("Unable to locate credentials")
+
+        return refuse
+
+
+def test_a_remote_location_that_refuses_is_e_ckpt_004_before_the_run(tmp_path, monkeypatch):
+    from sexpgpu.train import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_filesystem", lambda url, options: (_NoCredentials(), "b/x"))
+    location = checkpoint.Location("s3://b/x")
+    for call in (location.steps, lambda: location.read(1, "manifest.json")):
+        with pytest.raises(SexpgpuError, match="Unable to locate credentials") as info:
+            call()
+        assert info.value.code == "E-CKPT-004"
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        RUN.format(body=SMALL, steps=2).replace(
+            ":steps 2", ':steps 2 :checkpoint (every 1 "s3://b/x")'
+        )
+    )
+    with pytest.raises(SexpgpuError) as info:
+        run_experiment(path, out=tmp_path / "run")
+    assert info.value.code == "E-CKPT-004" and not (tmp_path / "run").exists()
+
+
+def test_a_manifest_that_is_not_an_object_is_a_damaged_checkpoint(tmp_path, capsys):
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        RUN.format(body=SMALL, steps=2).replace(":steps 2", ':steps 2 :checkpoint (every 2 "ck")')
+    )
+    run_experiment(path, out=tmp_path / "run")
+    (tmp_path / "run/ck/step-2/manifest.json").write_text("[1, 2]")
+    resume = ["--resume", str(tmp_path / "run/ck/step-2"), "--steps", "3"]
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), *resume]) == 1
+    err = _error(capsys)
+    assert "error[E-CKPT-002]" in err and "not a JSON object" in err

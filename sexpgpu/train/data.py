@@ -91,10 +91,10 @@ def _where(data: Any) -> Any:
 
 def _split(data: Any) -> float:
     split = float(data.options.get("split", DEFAULT_SPLIT))
-    if not 0.0 < split < 1.0:
+    if not 0.0 < split <= 1.0:  # 1 trains on everything: the language then forbids :eval
         raise SexpgpuError(
             "E-DATA-005",
-            f"data set `{data.name}`: :split {split} is not between 0 and 1",
+            f"data set `{data.name}`: :split {split} is not above 0 and at most 1",
             _where(data),
             hint="write the training fraction, e.g. :split 0.9",
         )
@@ -116,11 +116,18 @@ def _seq(data: Any) -> int:
 def _existing_file(data: Any) -> Path:
     path = Path(data.path) if data.path is not None else None
     if path is None or not path.is_file():
+        # A folder or a device may be there, but it cannot be memory-mapped: say which.
+        what = "does not exist"
+        hint = "paths in `defdata` are relative to the experiment file; check the name"
+        if path is not None and path.is_dir():
+            what, hint = "is a folder", "name a data file inside it"
+        elif path is not None and path.exists():
+            what, hint = "is not a regular file", "copy the data into a file first"
         raise SexpgpuError(
             "E-DATA-001",
-            f"data set `{data.name}`: file {path} does not exist",
+            f"data set `{data.name}`: {path} {what}",
             str(path) if path is not None else _where(data),
-            hint="paths in `defdata` are relative to the experiment file; check the name",
+            hint=hint,
         )
     if path.stat().st_size == 0:
         raise SexpgpuError(
@@ -344,7 +351,7 @@ class StreamLoader(_Base):
         cut = int(len(data.tokens) * data.split)
         self._train_part, self._eval_part = data.tokens[:cut], data.tokens[cut:]
         for part, label in ((self._train_part, "training"), (self._eval_part, "eval")):
-            if len(part) < self.seq + 1:
+            if len(part) < self.seq + 1 and (label == "training" or data.split < 1.0):
                 raise SexpgpuError(
                     "E-DATA-002",
                     f"data set `{name}`: the {label} part of {data.where} has {len(part)} "
@@ -384,7 +391,7 @@ class ArrayLoader(_Base):
         order = np.random.default_rng([self.seed, 0]).permutation(count)
         cut = round(count * data.split)
         self._train_rows, self._eval_rows = order[:cut], np.sort(order[cut:])
-        if min(len(self._train_rows), len(self._eval_rows)) < 1:
+        if len(self._train_rows) < 1 or (len(self._eval_rows) < 1 and data.split < 1.0):
             raise SexpgpuError(
                 "E-DATA-002",
                 f"data set `{name}`: {count} samples in {data.where} leave nothing to "

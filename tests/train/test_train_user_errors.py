@@ -162,3 +162,35 @@ def test_a_manifest_that_is_not_an_object_is_a_damaged_checkpoint(tmp_path, caps
     assert main(["run", str(path), "--out", str(tmp_path / "run"), *resume]) == 1
     err = _error(capsys)
     assert "error[E-CKPT-002]" in err and "not a JSON object" in err
+
+
+STREAM = """
+(defdata text (bytes "{path}") :seq 4 :split {split})
+(defmodel m (tokens) (let [w (param [256 8])] (-> (take w tokens) (linear 256))))
+(defrun a :model m :data text :loss (cross-entropy (m tokens) next)
+  :optimizer (sgd :lr 0.1) :batch 2 :steps 2)
+"""
+
+
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [("folder", "is a folder"), ("/dev/null", "is not a regular file"), ("nope", "does not exist")],
+)
+def test_a_data_path_that_is_not_a_file_says_what_it_is(tmp_path, capsys, target, said):
+    (tmp_path / "folder").mkdir()
+    path = tmp_path / "m.lisp"
+    path.write_text(STREAM.format(path=target, split=0.9))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-DATA-001]" in err and f"{target} {said}" in err
+
+
+def test_split_1_without_eval_trains_on_everything(tmp_path):
+    # The language accepts :split 1 when the run does not evaluate; the loaders agree.
+    (tmp_path / "text.txt").write_bytes(b"abcdefgh")
+    path = tmp_path / "m.lisp"
+    path.write_text(STREAM.format(path="text.txt", split=1))
+    assert run_experiment(path, out=tmp_path / "run").step == 2
+    arrays = RUN.format(body=SMALL, steps=2).replace(":split 0.9", ":split 1")
+    path.write_text(arrays)
+    assert run_experiment(path, out=tmp_path / "run2").step == 2

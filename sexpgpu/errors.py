@@ -96,7 +96,7 @@ CODES: dict[str, str] = {
     "E-TRACE-003": "wrong number of arguments, or an unknown, repeated or valueless keyword",
     "E-TRACE-004": "argument of the wrong kind (a number, tensor, vector or boolean expected)",
     "E-TRACE-005": "malformed let, ->, repeat or param form",
-    "E-TRACE-006": "the loss is not a float scalar",
+    "E-TRACE-006": "the loss is not a float scalar, or (to train) depends on no parameter",
     "E-TRACE-007": "calls nest without end (a defn calls itself)",
     # command line
     "E-CLI-001": "bad command-line argument or environment variable",

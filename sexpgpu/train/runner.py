@@ -36,6 +36,23 @@ def _devices(device: str | None, environ: Mapping[str, str]) -> tuple[list[str],
     return [str(d) for d in config.local_devices], config.memory
 
 
+def _check_trainable(program: Any, rundef: Any) -> None:
+    """E-TRACE-006 when no parameter reaches the loss, as PyTorch's backward refuses it.
+
+    `check` and `explain` still show such a graph; only training it is pointless.
+    """
+    from sexpgpu.ir.node import topological_order
+    from sexpgpu.ir.ops import Op
+
+    if not any(node.op == Op.PARAM for node in topological_order([program.trace.loss])):
+        raise SexpgpuError(
+            "E-TRACE-006",
+            f"the loss of run `{rundef.name}` depends on no parameter: training changes nothing",
+            getattr(rundef.loss, "span", None),
+            hint="compute the loss from the model's output, e.g. (cross-entropy (model x) y)",
+        )
+
+
 def _check_memory(program: Any, settings: RunSettings, ranks: int, memory: int | None) -> None:
     """E-MEM-001 before any initializer runs when a rank's arrays cannot fit.
 
@@ -114,6 +131,7 @@ def prepare_run(
         )
     settings = RunSettings.from_run(rundef, steps)
     first = compile_run(experiment, rundef)  # errors surface before any thread starts
+    _check_trainable(first, rundef)
     _check_memory(first, settings, len(devices), memory)
     programs = {0: first}
 

@@ -194,3 +194,21 @@ def test_split_1_without_eval_trains_on_everything(tmp_path):
     arrays = RUN.format(body=SMALL, steps=2).replace(":split 0.9", ":split 1")
     path.write_text(arrays)
     assert run_experiment(path, out=tmp_path / "run2").step == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "loss"),
+    [
+        ("(-> x (linear 10))", "(mean (cast y :dtype f32))"),  # the model is never called
+        ("(-> x relu (* 2))", "(cross-entropy (mlp x) y)"),  # the model has no parameter
+    ],
+)
+def test_a_loss_no_parameter_reaches_is_refused_by_run_only(tmp_path, capsys, body, loss):
+    path = tmp_path / "m.lisp"
+    path.write_text(RUN.format(body=body, steps=2).replace("(cross-entropy (mlp x) y)", loss))
+    assert main(["check", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-TRACE-006]" in err and "depends on no parameter" in err
+    assert not (tmp_path / "run").exists()

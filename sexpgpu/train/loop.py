@@ -190,6 +190,16 @@ class Trainer:
                 "SEXPGPU_DEVICES",
                 hint=f"resume with {state['devices']} device(s), as the checkpoint was written",
             )
+        if ckpt.step > self.settings.steps:
+            # Training on would run backwards; most likely --steps was mistyped.
+            raise SexpgpuError(
+                "E-CLI-001",
+                f"checkpoint {ckpt.where} is at step {ckpt.step}, past the run's "
+                f"{self.settings.steps} steps",
+                "--steps",
+                hint=f"give --steps {ckpt.step + 1} or more to train on from it, "
+                "or resume from an earlier checkpoint",
+            )
         log.info("resume: step %d from %s", ckpt.step, ckpt.where)
         return ckpt
 

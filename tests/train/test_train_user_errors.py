@@ -212,3 +212,17 @@ def test_a_loss_no_parameter_reaches_is_refused_by_run_only(tmp_path, capsys, bo
     err = _error(capsys)
     assert "error[E-TRACE-006]" in err and "depends on no parameter" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_resuming_past_the_run_s_steps_is_refused(tmp_path, capsys):
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        RUN.format(body=SMALL, steps=4).replace(":steps 4", ':steps 4 :checkpoint (every 4 "ck")')
+    )
+    run_experiment(path, out=tmp_path / "run")
+    again = ["run", str(path), "--out", str(tmp_path / "run"), "--resume", "latest"]
+    assert main([*again, "--steps", "3"]) == 1
+    err = _error(capsys)
+    assert "error[E-CLI-001]" in err and "at step 4, past the run's 3 steps" in err
+    assert "--steps 5 or more" in err
+    assert main([*again, "--steps", "4"]) == 0  # nothing left to do is not an error

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sexpgpu.train.loop import StepReport
@@ -71,6 +75,28 @@ class _RichProgress:
         self.progress.update(self.task, completed=r.step, info=info)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, a scheduler's stop: the run ends as on Ctrl-C, its status `interrupted`."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+@contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    # Python's default for SIGTERM ends the process on the spot, leaving status.json
+    # "running"; signal handlers can only be set from the main thread.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: Callable[..., Any] | int | None = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(args: argparse.Namespace) -> int:
     """Train the run with progress on stdout; exit status 0 when it finishes."""
     trainer = prepare_run(
@@ -83,14 +109,19 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
     )
     steps = trainer.settings.steps
-    if sys.stdout.isatty():
-        display = _RichProgress(steps)
-        trainer.on_step = display
-        with display.progress:
-            summary = trainer.run()
-    else:
-        trainer.on_step = _plain_progress(steps)
-        summary = trainer.run()
+    try:
+        with _stop_on_sigterm():
+            if sys.stdout.isatty():
+                display = _RichProgress(steps)
+                trainer.on_step = display
+                with display.progress:
+                    summary = trainer.run()
+            else:
+                trainer.on_step = _plain_progress(steps)
+                summary = trainer.run()
+    except _Terminated:
+        print("terminated", file=sys.stderr)
+        return 143  # 128 + SIGTERM, as a shell reports it
     done = f"done: step {summary.step}"
     if summary.loss is not None:
         done += f", loss {summary.loss:.4f}"

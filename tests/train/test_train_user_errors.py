@@ -226,3 +226,36 @@ def test_resuming_past_the_run_s_steps_is_refused(tmp_path, capsys):
     assert "error[E-CLI-001]" in err and "at step 4, past the run's 3 steps" in err
     assert "--steps 5 or more" in err
     assert main([*again, "--steps", "4"]) == 0  # nothing left to do is not an error
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_with_status_143(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        RUN.format(body=SMALL, steps=10**6).replace(
+            ":steps 1000000", ':steps 1000000 :checkpoint (every 20 "ck")'
+        )
+    )
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sexpgpu", "run", str(path), "--out", str(run_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "ck" / "step-20").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "interrupted"
+    # The newest checkpoint is whole: a resume goes on from it.
+    newest = max(int(p.name.removeprefix("step-")) for p in (run_dir / "ck").glob("step-*"))
+    resumed = ["run", str(path), "--out", str(run_dir), "--resume", "latest"]
+    assert main([*resumed, "--steps", str(newest + 1)]) == 0

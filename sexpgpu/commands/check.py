@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sexpgpu.commands.explain import model_section
 from sexpgpu.lang import Experiment, RunDef, load_experiment, unparse
@@ -58,6 +59,9 @@ def _data(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
     for data in experiment.data.values():
         source = f"({data.kind}{'' if data.path is None else ' ' + show_value(str(data.path))})"
         settings = [f"{key} {_show(value)}" for key, value in data.options.items()]
+        if data.path is not None and not Path(data.path).is_file():
+            # check reads no data, but a file that is not there is worth saying before a run.
+            settings.append("file not found (`run` stops with E-DATA-001)")
         rows.append((data.name, source, ", ".join(settings)))
     return _table(rows)
 

@@ -89,3 +89,18 @@ def test_the_readme_command_works():
 def test_missing_file(capsys):
     assert main(["check", "no/such.lisp"]) == 1
     assert capsys.readouterr().err.startswith("error[E-READ-007]: no such file: no/such.lisp")
+
+
+def test_check_says_when_a_data_file_is_not_there(tmp_path, capsys):
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        '(defdata text (bytes "gone.txt") :seq 4)\n'
+        "(defmodel m (tokens) (let [w (param [256 8])] (-> (take w tokens) (linear 256))))\n"
+        "(defrun a :model m :data text :loss (cross-entropy (m tokens) next)"
+        " :optimizer (sgd :lr 0.1) :batch 2 :steps 2)\n"
+    )
+    assert main(["check", str(path)]) == 0
+    assert "file not found (`run` stops with E-DATA-001)" in capsys.readouterr().out
+    (tmp_path / "gone.txt").write_text("some text to train on")
+    assert main(["check", str(path)]) == 0
+    assert "file not found" not in capsys.readouterr().out

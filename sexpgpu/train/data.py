@@ -359,12 +359,23 @@ class StreamLoader(_Base):
                     data.where,
                     hint="use more data, a shorter :seq, or another :split",
                 )
+        self._name, self._where = name, data.where
         shape = (self.batch, self.seq)
         self.fields = {"tokens": (shape, "int32"), "next": (shape, "int32")}
         self.items_per_microbatch = self.batch * self.seq
 
     def _windows(self, part: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
-        rows = np.asarray(part[starts[:, None] + np.arange(self.seq + 1)], dtype=np.int32)
+        raw = part[starts[:, None] + np.arange(self.seq + 1)]
+        if raw.dtype.itemsize >= 4 and raw.size and int(raw.max()) > np.iinfo(np.int32).max:
+            # u32 ids past int32 would wrap to negative ones: name the real value instead.
+            raise SexpgpuError(
+                "E-DATA-003",
+                f"data set `{self._name}`: {self._where} holds token id {int(raw.max())}, "
+                "beyond int32",
+                self._where,
+                hint="token ids become int32: keep them below 2**31",
+            )
+        rows = raw.astype(np.int32)
         return {"tokens": rows[:, :-1], "next": rows[:, 1:]}  # (B, S) each
 
     def _train(self, g: int) -> dict[str, np.ndarray]:

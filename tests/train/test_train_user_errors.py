@@ -259,3 +259,16 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_status_143(tmp_path):
     newest = max(int(p.name.removeprefix("step-")) for p in (run_dir / "ck").glob("step-*"))
     resumed = ["run", str(path), "--out", str(run_dir), "--resume", "latest"]
     assert main([*resumed, "--steps", str(newest + 1)]) == 0
+
+
+def test_u32_token_ids_beyond_int32_are_named_not_wrapped(tmp_path, capsys):
+    np.full(200, 4_000_000_000, "<u4").tofile(tmp_path / "t.bin")  # every window meets it
+    path = tmp_path / "m.lisp"
+    path.write_text(
+        STREAM.format(path="t.bin", split=0.5).replace(
+            '(bytes "t.bin")', '(tokens "t.bin" :dtype u32)'
+        )
+    )
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-DATA-003]" in err and "token id 4000000000, beyond int32" in err

@@ -13,7 +13,7 @@ from typing import Any
 from sexpgpu.train.loop import StepReport
 from sexpgpu.train.runner import prepare_run
 
-__all__ = ["add_arguments", "main"]
+__all__ = ["add_arguments", "duration", "main"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,6 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="the run directory (default runs/RUN-NAME)")
 
 
+def duration(seconds: float) -> str:
+    """A time left as people read it: ``42s``, ``12m05s``, ``3h07m``, ``4d03h``."""
+    if seconds != seconds:  # NaN
+        return "-"
+    if seconds >= 1e4 * 86400:  # a --steps far beyond what this machine will see
+        return ">10000d"
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 48 * 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
 def _plain_progress(steps: int) -> Any:
     every = max(1, steps // 20)
 
@@ -39,7 +55,7 @@ def _plain_progress(steps: int) -> Any:
             return
         line = (
             f"step {r.step}/{r.steps}  loss {r.loss:.4f}  lr {r.lr:.3g}  "
-            f"grad-norm {r.grad_norm:.3g}  {r.tokens_per_s:,.0f} tok/s  eta {r.eta_s:.0f}s"
+            f"grad-norm {r.grad_norm:.3g}  {r.tokens_per_s:,.0f} tok/s  eta {duration(r.eta_s)}"
         )
         if r.eval_step == r.step:
             line += f"  eval {r.eval_loss:.4f}"

@@ -272,3 +272,12 @@ def test_u32_token_ids_beyond_int32_are_named_not_wrapped(tmp_path, capsys):
     assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
     err = _error(capsys)
     assert "error[E-DATA-003]" in err and "token id 4000000000, beyond int32" in err
+
+
+def test_progress_lines_give_the_time_left_readably():
+    from sexpgpu.commands.run import duration
+
+    cases = {42: "42s", 725: "12m05s", 11220: "3h07m", 4 * 86400 + 3 * 3600: "4d03h"}
+    assert {s: duration(s) for s in cases} == cases
+    assert duration(1e20) == ">10000d" and duration(float("inf")) == ">10000d"
+    assert duration(float("nan")) == "-"

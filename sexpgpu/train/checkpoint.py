@@ -144,12 +144,17 @@ class Location:
         os.makedirs(self.root, exist_ok=True)
         tmp = self._join(f".tmp-{uuid.uuid4().hex}")
         os.makedirs(tmp)
-        for name, blob in files.items():
-            with open(os.path.join(tmp, name), "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        try:
+            for name, blob in files.items():
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(blob)
+                    f.flush()
+                    os.fsync(f.fileno())
+            _fsync_dir(tmp)
+        except BaseException:
+            # A full disk or a Ctrl-C mid-write: leave no half folder taking up the space.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if os.path.exists(final):  # left by a run that died after writing it
             old = self._join(f".old-{uuid.uuid4().hex}")
             os.rename(final, old)

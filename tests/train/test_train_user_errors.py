@@ -281,3 +281,19 @@ def test_progress_lines_give_the_time_left_readably():
     assert {s: duration(s) for s in cases} == cases
     assert duration(1e20) == ">10000d" and duration(float("inf")) == ">10000d"
     assert duration(float("nan")) == "-"
+
+
+def test_a_checkpoint_write_that_fails_leaves_no_half_folder(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from sexpgpu.train import checkpoint
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SexpgpuError, match="No space left") as info:
+        checkpoint.Location(tmp_path / "ck").write(3, {"a.bin": b"x" * 100})
+    assert info.value.code == "E-CKPT-004"
+    assert list((tmp_path / "ck").iterdir()) == []

@@ -122,10 +122,10 @@ def prepare_run(
     devices, memory = _devices(device, os.environ if environ is None else environ)
     experiment = load_experiment(path, variant)
     rundef = experiment.run(run)
-    if steps is not None and steps < 1:
+    if steps is not None and not 1 <= steps < 2**63:  # the file's :steps has the same bounds
         raise SexpgpuError(
             "E-CLI-001",
-            f"--steps {steps} is not positive",
+            f"--steps {steps} is not positive" if steps < 1 else f"--steps {steps} is too large",
             "--steps",
             hint="give the number of optimizer steps, e.g. --steps 200",
         )

@@ -297,3 +297,12 @@ def test_a_checkpoint_write_that_fails_leaves_no_half_folder(tmp_path, monkeypat
         checkpoint.Location(tmp_path / "ck").write(3, {"a.bin": b"x" * 100})
     assert info.value.code == "E-CKPT-004"
     assert list((tmp_path / "ck").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("steps", "said"), [("0", "is not positive"), (str(2**63), "is too large")]
+)
+def test_steps_on_the_command_line_has_the_file_s_bounds(tmp_path, capsys, steps, said):
+    assert main(["run", str(_file(tmp_path)), "--out", str(tmp_path / "r"), "--steps", steps]) == 1
+    err = _error(capsys)
+    assert "error[E-CLI-001]" in err and f"--steps {steps} {said}" in err

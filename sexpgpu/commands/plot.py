@@ -92,6 +92,8 @@ def _is_point(record: dict[str, object]) -> bool:
 def main(args: argparse.Namespace) -> int:
     """Write the loss plot of a run directory and print where."""
     run_dir = Path(args.run_dir)
+    if run_dir.name == "metrics.jsonl" and run_dir.is_file():  # the file itself was named
+        run_dir = run_dir.parent
     output = Path(args.output) if args.output else run_dir / "loss.png"
     print(f"wrote {plot_losses(run_dir, output)}")
     return 0

@@ -112,6 +112,9 @@ def test_plot_output_names(tmp_path, capsys):
     assert (tmp_path / "loss.png").stat().st_size > 0
     assert main(["plot", str(run_dir), "-o", "/proc/no-such/loss.png"]) == 1
     assert "error[E-CLI-001]" in _error(capsys)
+    # Naming the metrics file rather than its folder plots the same run.
+    assert main(["plot", str(run_dir / "metrics.jsonl")]) == 0
+    assert f"wrote {run_dir / 'loss.png'}" in capsys.readouterr().out
 
 
 def test_errors_stay_sexpgpu_errors_in_the_library(tmp_path):

@@ -1,10 +1,11 @@
 """The model vocabulary: every name a model body may call, keyed by the name users type.
 
 Each entry is a function of one `Call` (its arguments evaluated) returning a
-traced value, registered with `entry` together with its usage line, argument
-counts and keywords with defaults. This module holds the entries without
-parameters (arithmetic, activations, reductions, shape, products);
-`sexpgpu.ir.vocabulary_layers` adds the layers and losses. Everything is
+traced value, registered with `entry` (`sexpgpu.ir.vocabulary_table`)
+together with its usage line, argument counts and keywords with defaults.
+This module holds the entries without parameters (arithmetic, activations,
+reductions, shape, products) and imports `sexpgpu.ir.vocabulary_layers`,
+which adds the layers and losses; neither imports the other back. Everything is
 composed from the IR builder's ops; nothing here runs NumPy.
 
 Arithmetic on two Python numbers is folded at trace time (``(* 4 width)``
@@ -15,90 +16,19 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import reduce
 from typing import Any
 
-from sexpgpu.errors import SexpgpuError, Span
+from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace_call import Call, Value, describe_value, is_number
+from sexpgpu.ir.vocabulary_table import VOCABULARY, Entry, entry, mean_over
 
 __all__ = ["VOCABULARY", "Entry", "entry", "mean_over"]
-
-Fn = Callable[[Call], Value]
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A vocabulary function.
-
-    Attributes
-    ----------
-    name
-        The name users call.
-    fn
-        ``fn(call) -> value``.
-    usage
-        How to call it, shown in hints: ``(linear x n :bias true)``.
-    min_args, max_args
-        Positional argument counts (max None: any number).
-    keywords
-        Keyword name -> default (None: absent unless written).
-    layer
-        Whether calls own parameters (and so take a segment of the path name).
-    quoted
-        Keywords whose bare symbols are taken as names (``:dtype bf16``)
-        unless they are bound.
-    """
-
-    name: str
-    fn: Fn
-    usage: str
-    min_args: int
-    max_args: int | None
-    keywords: Mapping[str, Any] = field(default_factory=dict)
-    layer: bool = False
-    quoted: frozenset[str] = frozenset()
-
-
-VOCABULARY: dict[str, Entry] = {}
-
-
-def entry(
-    name: str,
-    usage: str,
-    args: tuple[int, int | None] = (1, 1),
-    keywords: Mapping[str, Any] | None = None,
-    layer: bool = False,
-    quoted: tuple[str, ...] = (),
-) -> Callable[[Fn], Fn]:
-    """Register the decorated function as the vocabulary entry `name`."""
-
-    def decorate(fn: Fn) -> Fn:
-        assert name not in VOCABULARY, name
-        VOCABULARY[name] = Entry(
-            name, fn, usage, args[0], args[1], dict(keywords or {}), layer, frozenset(quoted)
-        )
-        return fn
-
-    return decorate
-
-
-def _scale(x: Node, factor: float, span: Span | None) -> Node:
-    """``x * factor`` with the constant in x's dtype."""
-    return b.mul(x, b.constant(factor, x.dtype, span=span), span=span)
-
-
-def mean_over(x: Node, axes: tuple[int, ...] | None, keep: bool, span: Span | None) -> Node:
-    """The mean over `axes` (all when None): a sum times one over the count."""
-    total = b.sum(x, axes, keepdims=keep, span=span)
-    count = x.size // max(total.size, 1) if x.size else 1
-    return _scale(total, 1.0 / count, span)
-
 
 # ---------------------------------------------------------------- arithmetic
 

@@ -32,7 +32,7 @@ from sexpgpu.ir.ops import Op
 from sexpgpu.ir.shape_rules import check_targets, format_shape
 from sexpgpu.ir.trace_call import Call
 from sexpgpu.ir.trace_init import Init
-from sexpgpu.ir.vocabulary import entry, mean_over
+from sexpgpu.ir.vocabulary_table import entry, mean_over
 
 __all__: list[str] = []
 

@@ -90,6 +90,8 @@ CODES: dict[str, str] = {
     "E-SHAPE-009": "take or scatter: indices not int32, or shapes disagree",
     "E-SHAPE-010": "cross-entropy: logits and targets disagree",
     "E-SHAPE-011": "attention: queries, keys and values differ in shape",
+    "E-SHAPE-012": "a value too large: more than 2^48 elements or 64 axes, or a size not whole",
+    "E-SHAPE-013": "a loss's prediction and target differ in shape",
     # tracing model bodies
     "E-TRACE-001": "unknown function in a model or loss",
     "E-TRACE-002": "unknown name in a model or loss, or a function used as a value",

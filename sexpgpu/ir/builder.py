@@ -15,12 +15,13 @@ shape or dtype error raises `SexpgpuError` (E-SHAPE-*) at that span.
 from __future__ import annotations
 
 import builtins
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from sexpgpu.errors import Span
+from sexpgpu.errors import SexpgpuError, Span
 from sexpgpu.ir import shape_rules as _shape_rules  # noqa: F401  (fills SHAPE_RULES)
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import ConstArray, Node
@@ -28,6 +29,8 @@ from sexpgpu.ir.ops import Op
 from sexpgpu.ir.rules import SHAPE_RULES
 
 __all__ = [
+    "MAX_AXES",
+    "MAX_ELEMENTS",
     "abs",
     "add",
     "attention",
@@ -82,6 +85,11 @@ __all__ = [
 
 ShapeLike = Sequence[int]
 
+# Every value the IR holds fits these bounds, so sizes, byte counts and FLOPs
+# stay exact machine integers and NumPy (at most 64 axes) can hold each value.
+MAX_AXES = 64
+MAX_ELEMENTS = 2**48  # 1 PiB of f32: past any device this package plans for
+
 
 def emit(op: Op, *inputs: Node, span: Span | None = None, **attrs: Any) -> Node:
     """Make a node of `op`: run its shape rule and return the checked node.
@@ -104,7 +112,31 @@ def emit(op: Op, *inputs: Node, span: Span | None = None, **attrs: Any) -> Node:
     """
     assert all(isinstance(x, Node) for x in inputs), inputs
     dtype, shape, attrs = SHAPE_RULES[op](op, inputs, dict(attrs), span)
+    shape = tuple(shape)
+    _check_extent(op, shape, span)
     return Node(op, DType(dtype), tuple(builtins.int(d) for d in shape), inputs, attrs, span)
+
+
+def _check_extent(op: Op, shape: tuple[Any, ...], span: Span | None) -> None:
+    """E-SHAPE-012 unless `shape` has whole sizes, at most `MAX_AXES` axes and
+    at most `MAX_ELEMENTS` elements."""
+    shown = "[" + " ".join(map(str, shape)) + "]"
+    shown = f"a value of shape {shown}" if len(shown) <= 80 else "a value"
+    bad = [d for d in shape if not isinstance(d, builtins.int | np.integer) or d < 0]
+    if bad:
+        problem = f"has a size of {bad[0]!r}; sizes are whole numbers, 0 or more"
+    elif len(shape) > MAX_AXES:
+        problem = f"has {len(shape)} axes, more than the {MAX_AXES} a value may have"
+    elif (size := math.prod(builtins.int(d) for d in shape)) > MAX_ELEMENTS:
+        problem = f"holds {size:.3g} elements, more than the 2^48 a value may hold"
+    else:
+        return
+    raise SexpgpuError(
+        "E-SHAPE-012",
+        f"{op.label}: {shown} {problem}",
+        span,
+        "check the sizes that make this value (a parameter, :seq, :batch or a layer's width)",
+    )
 
 
 # ---------------------------------------------------------------- leaves

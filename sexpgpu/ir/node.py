@@ -9,6 +9,7 @@ lists them in a topological order (inputs before users).
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -88,7 +89,7 @@ class Node:
     @property
     def size(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # a Python int: never wraps
 
     @property
     def name(self) -> str | None:

@@ -15,7 +15,7 @@ import numpy as np
 from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
 from sexpgpu.ir.node import ConstArray, Node
 from sexpgpu.ir.numpy_fused import check_ids  # the import fills IMPL_RULES
-from sexpgpu.ir.ops import VIEW, Op
+from sexpgpu.ir.ops import ELEMENTWISE, VIEW, Op
 from sexpgpu.ir.rules import IMPL_RULES, impl_rule
 
 __all__ = ["evaluate", "stores_rounded"]
@@ -37,10 +37,22 @@ _EXACT = VIEW | {
     Op.WHERE,
 }
 
+# Ops computed element by element, the same on a rank-0 value as on one element.
+_POINTWISE = ELEMENTWISE | {Op.GELU, Op.GELU_GRAD}
+
 
 def evaluate(node: Node, *args: np.ndarray, out: Out = None) -> np.ndarray:
     """Run `node`'s op on `args`; round the result to bf16 where the node stores bf16."""
-    result = IMPL_RULES[node.op](node, *args, out=out)
+    if not node.shape and node.op in _POINTWISE and args:
+        # NumPy gives a scalar, not an array, for a ufunc of rank-0 operands, which an op
+        # chaining `out=` (sigmoid, gelu) cannot write into: run it on one-element arrays.
+        one = IMPL_RULES[node.op](node, *(a.reshape(1) for a in args), out=None)
+        result = np.asarray(one).reshape(())
+        if out is not None:
+            np.copyto(out, result)
+            result = out
+    else:
+        result = IMPL_RULES[node.op](node, *args, out=out)
     if not isinstance(result, np.ndarray):  # a ufunc of rank-0 arrays gives a NumPy scalar
         result = np.array(result, dtype=numpy_dtype(node.dtype))
     if stores_rounded(node):

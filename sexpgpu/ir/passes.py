@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from sexpgpu.ir.dtypes import numpy_dtype
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
 from sexpgpu.ir.ops import FED, Op
@@ -71,12 +72,19 @@ def fold_constants(graph: Graph, max_bytes: int = _FOLDABLE_BYTES) -> Graph:
     """Evaluate nodes whose operands are all constants into CONSTANT nodes.
 
     Results larger than `max_bytes` (a causal mask for a long sequence, a
-    broadcast scalar) are left to be computed at run time.
+    broadcast scalar) are left to be computed at run time; the size is judged
+    from the static shape, so no large value is ever computed here, and an
+    op folds only from operands that were small enough to be evaluated.
     """
     values: dict[int, np.ndarray] = {}
 
+    def small(x: Node) -> bool:  # judged on the static shape, before anything is computed
+        return x.size * numpy_dtype(x.dtype).itemsize <= max_bytes
+
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
         node = _with_inputs(node, inputs)
+        if not small(node):
+            return node  # never evaluated: `:seq 2147483647` must not fill 2^31 positions
         if node.op in (Op.CONSTANT, Op.IOTA):
             values[id(node)] = evaluate(node)
             return node
@@ -84,8 +92,6 @@ def fold_constants(graph: Graph, max_bytes: int = _FOLDABLE_BYTES) -> Graph:
             return node
         with np.errstate(all="ignore"):
             value = evaluate(node, *(values[id(x)] for x in inputs))
-        if value.nbytes > max_bytes:
-            return node
         folded = Node(
             Op.CONSTANT,
             node.dtype,

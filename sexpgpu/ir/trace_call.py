@@ -128,8 +128,8 @@ class Call:
     def integer(self, key: ArgKey, minimum: int | None = None) -> int:
         """The argument as an integer (at least `minimum` when given)."""
         value = self.get(key)
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+            value = int(value)  # 4.0 is 4; 1e300 stays a float, which is no size
         if not is_number(value) or not isinstance(value, int):
             raise self.fail(
                 f"{self.label(key)} must be an integer, found {describe_value(value)}",

@@ -37,7 +37,7 @@ _PY_BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "-": operator.sub,
     "*": operator.mul,
     "/": operator.truediv,
-    "pow": operator.pow,
+    "pow": lambda a, c: _int_pow(a, c) if isinstance(a, int) and isinstance(c, int) else a**c,
     "max": max,
     "min": min,
 }
@@ -76,13 +76,31 @@ def _fold(cx: Call) -> Value:
 def _fold_numbers(cx: Call, numbers: list[Value]) -> Value:
     """`numbers` folded with `cx`'s Python operator, or E-TRACE-004 (division by zero...)."""
     try:
-        result = reduce(_PY_BINARY[cx.name], numbers)
-        if isinstance(result, complex):  # (pow -1 0.5)
-            raise ValueError("the result is not a real number")
-        float(result)  # an integer past the float range raises OverflowError
-        return result
+        result = reduce(lambda a, c: _checked(_PY_BINARY[cx.name](a, c)), numbers)
+        return _checked(result)  # a single argument: (+ x)
     except (ZeroDivisionError, OverflowError, ValueError) as err:
         raise cx.fail(f"{cx.name}: {err} for {numbers}", "check the numbers") from None
+
+
+_INT_LIMIT = 2**63  # integers are 64-bit, as the reader reads them
+
+
+def _checked(result: Any) -> Any:
+    """`result` of one folded step, or ValueError/OverflowError when it has no 64-bit value."""
+    if isinstance(result, complex):  # (pow -1 0.5)
+        raise ValueError("the result is not a real number")
+    if isinstance(result, int) and not isinstance(result, bool) and abs(result) >= _INT_LIMIT:
+        raise OverflowError("the integer result does not fit in 64 bits")
+    if isinstance(result, float) and not math.isfinite(result):
+        raise OverflowError("the result is not finite")
+    return result
+
+
+def _int_pow(a: int, c: int) -> int | float:
+    """``a ** c`` of integers without building a huge integer first."""
+    if c > 64 and abs(a) > 1:  # |a|^c >= 2^65: past 64 bits whatever a is
+        raise OverflowError("the integer result does not fit in 64 bits")
+    return a**c
 
 
 def _register_binary(name: str, usage: str, arity: tuple[int, int | None]) -> None:

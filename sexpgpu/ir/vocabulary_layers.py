@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 
-from sexpgpu.errors import Span
+from sexpgpu.errors import SexpgpuError, Span
 from sexpgpu.ir import builder as b
+from sexpgpu.ir.dtypes import FLOATS
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.shape_rules import check_targets, format_shape
@@ -155,5 +156,44 @@ def _cross_entropy(cx: Call) -> Node:
 @entry("mse", "(mse prediction target)", (2, 2))
 def _mse(cx: Call) -> Node:
     pred, target = cx.tensors([0, 1])
+    _check_mse(cx, pred, target)
     diff = b.sub(pred, target, span=cx.span)
     return mean_over(b.mul(diff, diff, span=cx.span), None, False, cx.span)
+
+
+def _check_mse(cx: Call, pred: Node, target: Node) -> None:
+    """E-SHAPE-002 unless both are floats of one dtype; E-SHAPE-013 unless one shape.
+
+    NumPy would broadcast ``[32 1]`` against ``[32]`` to ``[32 32]`` and
+    average the wrong thing, so the loss takes no broadcast; a number as
+    either operand (a rank-0 constant) is the one exception.
+    """
+    for i, node in enumerate((pred, target)):
+        if node.dtype not in FLOATS:
+            raise SexpgpuError(
+                "E-SHAPE-002",
+                f"mse: the {('prediction', 'target')[i]} {cx.text(i)} has dtype {node.dtype}, "
+                "not a float",
+                cx.where(i),
+                f"cast it first: (cast {cx.text(i)} :dtype {cx.dtype})",
+            )
+    if pred.dtype != target.dtype:
+        raise SexpgpuError(
+            "E-SHAPE-002",
+            f"mse: prediction and target dtypes differ: {pred.dtype} and {target.dtype}",
+            cx.span,
+            f"cast one: (cast {cx.text(1)} :dtype {pred.dtype})",
+        )
+    if pred.shape != target.shape and pred.ndim and target.ndim:
+        fix = (
+            f"reshape the target: (reshape {cx.text(1)} {format_shape(pred.shape)})"
+            if pred.size == target.size
+            else "make the prediction and the target the same shape"
+        )
+        raise SexpgpuError(
+            "E-SHAPE-013",
+            f"mse: prediction {format_shape(pred.shape)} and target "
+            f"{format_shape(target.shape)} differ in shape (a loss does not broadcast)",
+            cx.span,
+            fix,
+        )

@@ -195,7 +195,7 @@ def test_unknown_name_suggests_the_nearest() -> None:
         (
             "(* x (pow 10 400))",
             "",
-            "error[E-TRACE-004]: pow: int too large to convert to float for [10, 400]",
+            "error[E-TRACE-004]: pow: the integer result does not fit in 64 bits for [10, 400]",
         ),
     ],
 )

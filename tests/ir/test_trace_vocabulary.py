@@ -139,7 +139,11 @@ CASES: list[tuple[tuple[str, ...], str, Ref]] = [
         "(reshape (cross-entropy a t) [1])",
         lambda d, q: np.array([_cross_entropy(d)]),
     ),
-    (("mse",), "(reshape (mse a r) [1])", lambda d, q: np.array([((d["a"] - d["r"]) ** 2).mean()])),
+    (
+        ("mse",),
+        "(reshape (mse a (* a r)) [1])",  # operands of one shape: a loss never broadcasts
+        lambda d, q: np.array([((d["a"] - d["a"] * d["r"]) ** 2).mean()]),
+    ),
 ]
 
 

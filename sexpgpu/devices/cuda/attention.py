@@ -1,0 +1,270 @@
+"""Fused attention through PyTorch's scaled-dot-product kernels, forward and backward.
+
+The IR's ``attention`` takes ``q``, ``k``, ``v`` of one shape ``[..., seq,
+dim]``; the kernels want ``[batch heads seq dim]``, so leading axes are
+folded into (or padded out to) four. The forward returns the output and an
+`AttentionAux`: what the matching backward needs (the output and the
+log-sum-exp of every query row, plus the kernel's own bookkeeping), so the
+gradient never recomputes the forward.
+
+Backends, by the name the lowering report prints:
+
+=============  ================================================================
+flash          ``aten._scaled_dot_product_flash_attention`` (CUDA, bf16/f16)
+efficient      ``aten._scaled_dot_product_efficient_attention`` (CUDA, f32 too)
+cudnn          ``aten._scaled_dot_product_cudnn_attention`` (CUDA; on request)
+flash-cpu      ``aten._scaled_dot_product_flash_attention_for_cpu``
+math           plain torch ops, f32 arithmetic (the fallback; [seq seq] weights)
+=============  ================================================================
+
+A backend that refuses the call (an unsupported head size, a changed
+private signature) falls back to ``math``; the aux then names ``math``, and
+the report says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["BACKENDS", "AttentionAux", "sdpa_backward", "sdpa_forward", "select_sdpa_backend"]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("flash", "efficient", "cudnn", "flash-cpu", "math")
+_HALF = (torch.bfloat16, torch.float16)
+# What a refusing kernel raises: argument checks, missing kernels, changed signatures.
+_REFUSALS = (RuntimeError, NotImplementedError, TypeError, AttributeError, ValueError)
+
+
+@dataclass
+class AttentionAux:
+    """What attention's backward needs from its forward.
+
+    Attributes
+    ----------
+    backend
+        The backend that ran the forward (the backward uses the same).
+    out
+        The forward's output in the kernel's 4-D layout.
+    saved
+        The kernel's extra results the backward takes (log-sum-exp first).
+    fallback
+        Why the chosen backend was not used, when it was not.
+    """
+
+    backend: str
+    out: torch.Tensor
+    saved: tuple[Any, ...]
+    fallback: str | None = field(default=None)
+
+
+def select_sdpa_backend(device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """The attention backend that runs on `device` for `dtype` (default bf16).
+
+    CUDA: ``flash`` for bf16/f16 on compute capability 8.0 or newer when
+    PyTorch has it enabled, else ``efficient`` (which takes f32), else
+    ``math``. CPU: ``flash-cpu`` when this torch has it, else ``math``.
+    """
+    dtype = torch.bfloat16 if dtype is None else dtype
+    device = torch.device(device)
+    if device.type == "cpu":
+        has = hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+        return "flash-cpu" if has else "math"
+    if device.type != "cuda":
+        return "math"
+    major, _ = torch.cuda.get_device_capability(device)
+    if dtype in _HALF and major >= 8 and torch.backends.cuda.flash_sdp_enabled():
+        return "flash"
+    if torch.backends.cuda.mem_efficient_sdp_enabled():
+        return "efficient"
+    return "math"
+
+
+def _four_d(x: torch.Tensor) -> torch.Tensor:
+    """``[..., S, D]`` as ``[B H S D]`` with the last axis contiguous (a view where possible)."""
+    if x.dim() < 4:
+        x = x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
+    elif x.dim() > 4:
+        x = x.reshape(-1, *x.shape[-3:])
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def sdpa_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, backend: str
+) -> tuple[torch.Tensor, AttentionAux]:
+    """``softmax(q k^T * scale [+ causal mask]) v`` and what its backward needs.
+
+    Parameters
+    ----------
+    q, k, v
+        One shape ``[..., seq, dim]``, one dtype.
+    causal
+        Whether position ``i`` sees only positions ``j <= i``.
+    scale
+        The factor on ``q k^T``.
+    backend
+        One of `BACKENDS` (see `select_sdpa_backend`).
+    """
+    q4, k4, v4 = _four_d(q), _four_d(k), _four_d(v)
+    reason = None
+    if backend != "math":
+        try:
+            out, saved = _FORWARD[backend](q4, k4, v4, causal, scale)
+            return out.reshape(q.shape), AttentionAux(backend, out, saved)
+        except _REFUSALS as error:
+            reason = f"{backend} refused: {str(error).splitlines()[0][:160]}"
+            log.warning("attention: %s; using math", reason)
+    out, saved = _math_forward(q4, k4, v4, causal, scale)
+    return out.reshape(q.shape), AttentionAux("math", out, saved, reason)
+
+
+def sdpa_backward(
+    g: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    aux: AttentionAux | None,
+    backend: str,
+) -> torch.Tensor:
+    """``[dq, dk, dv]`` stacked on a new first axis, as the IR's ``attention-grad``.
+
+    `aux` is the matching forward's; without it the forward runs first
+    (on `backend`) to make one.
+    """
+    if aux is None:
+        _, aux = sdpa_forward(q, k, v, causal, scale, backend)
+    q4, k4, v4, g4 = _four_d(q), _four_d(k), _four_d(v), _four_d(g)
+    if aux.backend != "math":
+        try:
+            grads = _BACKWARD[aux.backend](g4, q4, k4, v4, aux, causal, scale)
+            return torch.stack([x.reshape(q.shape) for x in grads])
+        except _REFUSALS as error:
+            log.warning("attention backward: %s refused (%s); using math", aux.backend, error)
+            aux = AttentionAux("math", *_math_forward(q4, k4, v4, causal, scale))
+    grads = _math_backward(g4, q4, k4, v4, aux, causal, scale)
+    return torch.stack([x.reshape(q.shape) for x in grads])
+
+
+# ---------------------------------------------------------------- fused kernels
+
+
+def _flash_cpu_forward(q, k, v, causal, scale):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, scale=scale
+    )
+    return out, (lse,)
+
+
+def _flash_cpu_backward(g, q, k, v, aux, causal, scale):
+    (lse,) = aux.saved
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        g, q, k, v, aux.out, lse, 0.0, causal, scale=scale
+    )
+
+
+def _flash_forward(q, k, v, causal, scale):
+    # (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug)
+    result = torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, causal, False, scale=scale
+    )
+    return result[0], tuple(result[1:8])
+
+
+def _flash_backward(g, q, k, v, aux, causal, scale):
+    lse, cum_q, cum_k, max_q, max_k, rng_state, unused = aux.saved
+    return torch.ops.aten._scaled_dot_product_flash_attention_backward(
+        g, q, k, v, aux.out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, rng_state, unused,
+        scale=scale,
+    )  # fmt: skip
+
+
+def _efficient_forward(q, k, v, causal, scale):
+    # (output, log_sumexp, philox_seed, philox_offset)
+    result = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, causal, scale=scale
+    )
+    return result[0], tuple(result[1:4])
+
+
+def _efficient_backward(g, q, k, v, aux, causal, scale):
+    lse, seed, offset = aux.saved
+    grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        g, q, k, v, None, aux.out, lse, seed, offset, 0.0, [True, True, True, False], causal,
+        scale=scale,
+    )  # fmt: skip
+    return grads[:3]
+
+
+def _cudnn_forward(q, k, v, causal, scale):
+    # (output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, philox_seed, philox_offset, debug)
+    result = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, causal, False, scale=scale
+    )
+    return result[0], tuple(result[1:8])
+
+
+def _cudnn_backward(g, q, k, v, aux, causal, scale):
+    lse, cum_q, cum_k, max_q, max_k, seed, offset = aux.saved
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        g, q, k, v, aux.out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, causal,
+        scale=scale,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- math fallback
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """`x` in the math path's arithmetic type: f64 stays, the rest is f32."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _scores(q, k, causal, scale) -> torch.Tensor:
+    """``q k^T * scale`` in f32 (f64 for f64) with the causal mask applied: ``[B H S S]``."""
+    s = torch.matmul(_wide(q) * scale, _wide(k).transpose(-1, -2))
+    if causal:
+        n = s.shape[-1]
+        mask = torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(mask, float("-inf"))
+    return s
+
+
+def _math_forward(q, k, v, causal, scale):
+    s = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    out = torch.matmul(torch.exp(s - lse[..., None]), _wide(v)).to(q.dtype)
+    return out, (lse,)
+
+
+def _math_backward(g, q, k, v, aux, causal, scale):
+    # w = exp(s - lse); dv = w^T g; ds = w * (g v^T - rowsum(g * out)); dq = ds k s; dk = ds^T q s
+    (lse,) = aux.saved
+    w = torch.exp(_scores(q, k, causal, scale) - lse[..., None])
+    g32, v32 = _wide(g), _wide(v)
+    dv = torch.matmul(w.transpose(-1, -2), g32)
+    ds = torch.matmul(g32, v32.transpose(-1, -2))
+    ds -= (g32 * _wide(aux.out)).sum(-1, keepdim=True)
+    ds *= w
+    dq = torch.matmul(ds, _wide(k)) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), _wide(q)) * scale
+    return dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype)
+
+
+_FORWARD = {
+    "flash": _flash_forward,
+    "efficient": _efficient_forward,
+    "cudnn": _cudnn_forward,
+    "flash-cpu": _flash_cpu_forward,
+}
+_BACKWARD = {
+    "flash": _flash_backward,
+    "efficient": _efficient_backward,
+    "cudnn": _cudnn_backward,
+    "flash-cpu": _flash_cpu_backward,
+}

@@ -1,0 +1,313 @@
+"""`TorchGraph`: one IR graph planned once and run with PyTorch on one device.
+
+The plan, made when the graph is built:
+
+* the schedule is the graph's topological order; each value is dropped
+  right after its last use (outputs are kept to the end);
+* CONSTANT and IOTA nodes are made once on the device and held by the plan;
+* an ``attention`` whose ``attention-grad`` is in the same graph (same
+  ``q``, ``k``, ``v`` nodes and attributes) keeps its kernel's log-sum-exp
+  and output in a stash keyed by the forward's position, and the gradient
+  takes them from there (then the stash entry is dropped) instead of
+  running the forward again;
+* `planned_peak_bytes` is the schedule's largest live set, computed without
+  running from torch element sizes (bf16 = 2 bytes): constants always,
+  fed leaves from their first to their last use, views sharing their
+  operand's buffer, and the stashed log-sum-exp while it waits.
+
+`report` says which torch kernel each op kind used and which attention
+backend ran.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from sexpgpu.devices.cuda.attention import (
+    AttentionAux,
+    sdpa_backward,
+    sdpa_forward,
+    select_sdpa_backend,
+)
+from sexpgpu.devices.cuda.lowering import KERNELS, LOWERINGS, full_precision, torch_dtype
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.node import ConstArray, Graph, Node
+from sexpgpu.ir.ops import FED, VIEW, Op
+
+__all__ = ["TorchGraph", "select_sdpa_backend"]
+
+_MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
+
+
+@dataclass(frozen=True)
+class _Step:
+    node: Node
+    args: tuple[int, ...]  # schedule positions of the operands
+    frees: tuple[int, ...]  # schedule positions dropped after this step
+    forward: int | None  # attention-grad: the stashing forward's position
+
+
+class TorchGraph:
+    """A graph planned for PyTorch on `device`; call it with feeds to run it.
+
+    Parameters
+    ----------
+    graph
+        The program. Its INPUT and PARAM nodes are fed by name.
+    device
+        Where it runs: ``torch.device("cuda")``, or ``torch.device("cpu")``
+        (tests: the same lowering, checked against the interpreter).
+    attention_backend
+        Force one of `sexpgpu.devices.cuda.attention.BACKENDS`; default:
+        `select_sdpa_backend` for each attention's dtype.
+
+    Attributes
+    ----------
+    planned_peak_bytes
+        The largest live set over the schedule, in bytes.
+    peak_node
+        The node at which that peak is reached.
+    """
+
+    def __init__(
+        self, graph: Graph, device: torch.device, attention_backend: str | None = None
+    ) -> None:
+        self.graph = graph
+        self.device = torch.device(device)
+        self.order = graph.nodes()
+        self._pos = {id(n): i for i, n in enumerate(self.order)}
+        self._outputs = {name: self._pos[id(n)] for name, n in graph.outputs.items()}
+        self._backends = {
+            i: attention_backend or select_sdpa_backend(self.device, torch_dtype(n.dtype))
+            for i, n in enumerate(self.order)
+            if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)
+        }
+        self._used: dict[int, AttentionAux] = {}
+        full_precision(self.device)
+        self.steps, self._stash_users, last = self._plan()
+        self.planned_peak_bytes, self.peak_node = self._peak(last)
+        self._constants = {
+            i: LOWERINGS[n.op](n, self.device)
+            for i, n in enumerate(self.order)
+            if n.op in _MADE_ONCE
+        }
+
+    # ------------------------------------------------------------ plan
+
+    def _pairs(self) -> dict[int, int]:
+        """attention-grad position -> the position of its forward, where the graph has it."""
+        forwards: dict[tuple, int] = {}
+        pairs = {}
+        for i, node in enumerate(self.order):
+            attrs = (node.attrs.get("causal"), node.attrs.get("scale"))
+            key = (*(id(x) for x in node.inputs[:3]), *attrs)
+            if node.op is Op.ATTENTION:
+                forwards.setdefault(key, i)
+            elif node.op is Op.ATTENTION_GRAD and key in forwards:
+                pairs[i] = forwards[key]
+        return pairs
+
+    def _plan(self) -> tuple[list[_Step], Counter, list[int]]:
+        n = len(self.order)
+        pairs = self._pairs()
+        last = [-1] * n
+        for i, node in enumerate(self.order):
+            for x in node.inputs:
+                last[self._pos[id(x)]] = i
+        for j, i in pairs.items():
+            last[i] = max(last[i], j)  # the stash holds the forward's output until then
+        for i in self._outputs.values():
+            last[i] = n
+        frees: list[list[int]] = [[] for _ in range(n)]
+        for i in range(n):
+            if 0 <= last[i] < n:
+                frees[last[i]].append(i)
+            elif last[i] == -1:
+                frees[i].append(i)  # an unused fed leaf
+        steps = [
+            _Step(
+                node,
+                tuple(self._pos[id(x)] for x in node.inputs),
+                tuple(frees[i]),
+                pairs.get(i),
+            )
+            for i, node in enumerate(self.order)
+        ]
+        return steps, Counter(pairs.values()), last
+
+    def _peak(self, last: list[int]) -> tuple[int, Node | None]:
+        """(peak bytes, node at the peak): buffers added as they appear, dropped after last use."""
+        n = len(self.order)
+        storage = list(range(n))
+        buffer_last = list(last)
+        nbytes = [0] * n
+        always = 0
+        for i, node in enumerate(self.order):
+            if node.op in VIEW:
+                storage[i] = storage[self._pos[id(node.inputs[0])]]
+                buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
+            elif node.op in _MADE_ONCE:
+                always += _made_once_bytes(node)
+            else:
+                nbytes[i] = node.size * _itemsize(node.dtype)
+        extra = [0] * (n + 1)  # stashed log-sum-exp: from the forward to its last grad
+        for i in self._stash_users:
+            q = self.order[i].inputs[0]
+            lse = 4 * (q.size // max(q.shape[-1], 1))  # f32, one per query row
+            extra[i] += lse
+            extra[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
+        dying: list[list[int]] = [[] for _ in range(n)]
+        for s in set(storage):
+            if buffer_last[s] < n:
+                dying[max(buffer_last[s], s)].append(s)
+        live, peak, at = always, always, None
+        for i in range(n):
+            live += extra[i]
+            if storage[i] == i:
+                live += nbytes[i]
+            if live > peak:
+                peak, at = live, self.order[i]
+            for s in dying[i]:
+                live -= nbytes[s]
+        return peak, at
+
+    # ------------------------------------------------------------ run
+
+    def __call__(self, feeds: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Run the program; returns every output by name, as tensors on the device.
+
+        Parameters
+        ----------
+        feeds
+            A tensor or array for every INPUT and PARAM name of the graph, of
+            the node's shape (converted to its dtype and moved to the device;
+            bf16 feeds are rounded to nearest, ties to even).
+        """
+        full_precision(self.device)
+        values: list[torch.Tensor | None] = [None] * len(self.order)
+        stash: dict[int, AttentionAux] = {}
+        waiting = Counter(self._stash_users)
+        with torch.no_grad():
+            for i, step in enumerate(self.steps):
+                values[i] = self._compute(i, step, values, feeds, stash, waiting)
+                for j in step.frees:
+                    values[j] = None
+        return {name: values[i] for name, i in self._outputs.items()}
+
+    def _compute(self, i, step, values, feeds, stash, waiting) -> torch.Tensor:
+        node = step.node
+        if node.op in FED:
+            return _feed(node, feeds, self.device)
+        if node.op in _MADE_ONCE:
+            return self._constants[i]
+        args = [values[j] for j in step.args]
+        if node.op is Op.ATTENTION:
+            out, aux = sdpa_forward(*args, **node.attrs, backend=self._backends[i])
+            self._used[i] = aux
+            if i in self._stash_users:
+                stash[i] = aux
+        elif node.op is Op.ATTENTION_GRAD:
+            aux = None
+            if step.forward is not None:
+                aux = stash[step.forward]
+                waiting[step.forward] -= 1
+                if not waiting[step.forward]:
+                    del stash[step.forward]
+            q, k, v, g = args
+            out = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=self._backends[i])
+        else:
+            out = LOWERINGS[node.op](node, *args)
+        assert tuple(out.shape) == node.shape and out.dtype == torch_dtype(node.dtype), (node, out)
+        return out
+
+    # ------------------------------------------------------------ report
+
+    def attention_backends(self) -> dict[str, str]:
+        """Backend per attention node as planned, with what actually ran once run."""
+        result = {}
+        for i, planned in self._backends.items():
+            aux = self._used.get(i)
+            ran = planned if aux is None else aux.backend
+            name = f"%{i} {self.order[i].op.label}"
+            result[name] = ran if aux is None or aux.fallback is None else f"{ran} ({aux.fallback})"
+        return result
+
+    def report(self) -> dict[str, Any]:
+        """What the lowering uses: each op kind's torch kernel and count, the attention backend.
+
+        Returns
+        -------
+        dict
+            ``{"device": "cuda:0", "attention": "flash" | ... | None,
+            "attention_nodes": {"%12 attention": "flash", ...},
+            "stashed": <attention-grad nodes taking the forward's log-sum-exp>,
+            "ops": {"matmul": {"kernel": "torch.matmul (cuBLAS on CUDA)", "count": 12}, ...},
+            "planned_peak_bytes": int}``
+        """
+        counts = Counter(node.op for node in self.order if node.op not in FED)
+        backends = sorted(set(self.attention_backends().values()))
+        return {
+            "device": str(self.device),
+            "attention": ", ".join(backends) if backends else None,
+            "attention_nodes": self.attention_backends(),
+            "stashed": sum(self._stash_users.values()),
+            "ops": {
+                op.label: {"kernel": _kernel(op, backends), "count": count}
+                for op, count in sorted(counts.items(), key=lambda item: item[0].value)
+            },
+            "planned_peak_bytes": self.planned_peak_bytes,
+        }
+
+    def report_lines(self) -> list[str]:
+        """`report` as log lines: ``lowering: matmul x12 -> torch.matmul (cuBLAS on CUDA)``."""
+        info = self.report()
+        lines = [f"lowering: device {info['device']}, attention {info['attention'] or 'none'}"]
+        for label, entry in info["ops"].items():
+            lines.append(f"lowering: {label} x{entry['count']} -> {entry['kernel']}")
+        return lines
+
+
+def _kernel(op: Op, backends: list[str]) -> str:
+    if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
+        return f"{KERNELS[op]} ({', '.join(backends)})"
+    return KERNELS[op]
+
+
+def _itemsize(dtype: DType) -> int:
+    return torch.empty((), dtype=torch_dtype(dtype)).element_size()
+
+
+def _made_once_bytes(node: Node) -> int:
+    """Bytes a CONSTANT or IOTA holds on the device (scalars and lines are expanded views)."""
+    if node.op is Op.CONSTANT:
+        value = node.attrs["value"]
+        count = value.array.size if isinstance(value, ConstArray) else 1
+    else:
+        count = node.shape[node.attrs["axis"]]
+    return count * _itemsize(node.dtype)
+
+
+def _feed(node: Node, feeds: Mapping[str, Any], device: torch.device) -> torch.Tensor:
+    if node.name not in feeds:
+        raise ValueError(f"no feed for {node.op.label} {node.name!r}")
+    value = feeds[node.name]
+    if not isinstance(value, torch.Tensor):
+        array = np.asarray(value)
+        if not (array.flags.c_contiguous and array.flags.writeable):
+            array = array.copy()  # (np.ascontiguousarray would make a scalar 1-D)
+        value = torch.from_numpy(array)
+    if tuple(value.shape) != node.shape:
+        raise ValueError(
+            f"feed {node.name!r} has shape {list(value.shape)}, the graph wants {list(node.shape)}"
+        )
+    value = value.to(device)
+    target = torch_dtype(node.dtype)
+    if target == torch.bfloat16 and value.dtype != torch.bfloat16:
+        value = value.to(torch.float32)  # as the interpreter: through f32, then rounded
+    return value.to(target)

@@ -1,0 +1,354 @@
+"""Every IR op as a PyTorch call: `LOWERINGS[op](node, *tensors) -> tensor`.
+
+One small function per op, registered with `lowering`, which also records
+the torch kernel it uses (`KERNELS`, printed by the lowering report). The
+meaning is the interpreter's (`sexpgpu.ir.numpy_impl`, `numpy_fused`):
+
+* NumPy broadcasting (torch's is the same) and one dtype per binary op;
+* ``bf16`` values are real ``torch.bfloat16`` tensors. Torch computes each
+  bf16 op in f32 and rounds its result once, as the interpreter does; the
+  fused normalizations, softmax and cross-entropy do the same inside;
+* cross-entropy works in f32 for bf16 logits and gives f32 (the loss is
+  never bf16-quantized);
+* int32 stays int32 (sums included), bool stays bool.
+
+Leaves: INPUT and PARAM are fed by the caller (`LOWERING_EXEMPT`);
+CONSTANT and IOTA take the ``torch.device`` in place of operands, so the
+executor makes them once, at plan time.
+
+Precision of products: matmuls go through ``torch.matmul`` (cuBLAS on a
+GPU) with f32 accumulation. TF32 would silently round f32 operands to 10
+mantissa bits, so f32 graphs must run with
+``torch.backends.cuda.matmul.allow_tf32 = False`` (and bf16 products without
+reduced-precision split-K reductions); `sexpgpu.devices.cuda.executor`
+sets both when it runs on CUDA (`full_precision`).
+
+torch is imported here, so this module is imported only lazily, by the
+cuda device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
+from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.node import ConstArray, Node
+from sexpgpu.ir.numpy_fused import check_ids
+from sexpgpu.ir.ops import FED, Op
+
+__all__ = [
+    "KERNELS",
+    "LOWERINGS",
+    "LOWERING_EXEMPT",
+    "TORCH_DTYPES",
+    "full_precision",
+    "lowering",
+    "torch_dtype",
+]
+
+T = torch.Tensor
+LOWERINGS: dict[Op, Callable[..., T]] = {}
+KERNELS: dict[Op, str] = {}
+# Ops without a lowering: the leaves the caller feeds.
+LOWERING_EXEMPT = FED
+
+TORCH_DTYPES = {
+    DType.F32: torch.float32,
+    DType.BF16: torch.bfloat16,
+    DType.F64: torch.float64,
+    DType.INT32: torch.int32,
+    DType.BOOL: torch.bool,
+}
+
+
+def torch_dtype(dtype: DType) -> torch.dtype:
+    """The torch dtype that stores IR `dtype` (bf16 -> ``torch.bfloat16``)."""
+    return TORCH_DTYPES[dtype]
+
+
+def lowering(*ops: Op, kernel: str) -> Callable:
+    """Register the decorated function as the lowering of `ops`, using torch `kernel`."""
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        for op in ops:
+            assert op not in LOWERINGS, f"{op} lowered twice"
+            LOWERINGS[op] = fn
+            KERNELS[op] = kernel
+        return fn
+
+    return decorate
+
+
+def full_precision(device: torch.device) -> None:
+    """Make CUDA products keep full precision: no TF32, f32 reductions for bf16.
+
+    Process-wide torch flags (torch has no per-call switch); a no-op on the CPU.
+    """
+    if torch.device(device).type != "cuda":
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The arithmetic type for a fused op's internals: bf16 widens to f32."""
+    return torch.float32 if dtype == torch.bfloat16 else dtype
+
+
+def _check_ids(node: Node, ids: T, size: int) -> None:
+    """E-DATA-006 at the node's span unless every id lies in ``[0, size)`` (as the interpreter)."""
+    if ids.numel():
+        low, high = torch.aminmax(ids)
+        check_ids(node, np.array([int(low), int(high)]), size)
+
+
+# ---------------------------------------------------------------- leaves
+
+
+@lowering(Op.CONSTANT, kernel="torch.tensor (made once)")
+def _constant(node: Node, device: torch.device) -> T:
+    value = node.attrs["value"]
+    if isinstance(value, ConstArray):
+        array = torch.from_numpy(np.array(value.array))
+        return array.to(device=device, dtype=torch_dtype(node.dtype))
+    # Through f32 as the interpreter (an f64 literal rounds once to f32, then to bf16).
+    start = torch.float32 if node.dtype is DType.BF16 else torch_dtype(node.dtype)
+    scalar = torch.tensor(value, dtype=start, device=device).to(torch_dtype(node.dtype))
+    return scalar.expand(node.shape)
+
+
+@lowering(Op.IOTA, kernel="torch.arange (made once)")
+def _iota(node: Node, device: torch.device) -> T:
+    axis, shape = node.attrs["axis"], node.shape
+    wide = torch.float32 if node.dtype is DType.BF16 else torch_dtype(node.dtype)
+    line = torch.arange(shape[axis], dtype=wide, device=device).to(torch_dtype(node.dtype))
+    view = [-1 if i == axis else 1 for i in range(len(shape))]
+    return line.reshape(view).expand(shape)
+
+
+# ---------------------------------------------------------------- elementwise
+
+
+def _plain(fn: Callable[..., T], name: str) -> Callable[..., T]:
+    def run(node: Node, *args: T) -> T:
+        return fn(*args)
+
+    run.__name__ = name
+    return run
+
+
+for _op, _fn, _name in [
+    (Op.NEG, torch.neg, "torch.neg"),
+    (Op.EXP, torch.exp, "torch.exp"),
+    (Op.LOG, torch.log, "torch.log"),
+    (Op.SQRT, torch.sqrt, "torch.sqrt"),
+    (Op.RSQRT, torch.rsqrt, "torch.rsqrt"),
+    (Op.TANH, torch.tanh, "torch.tanh"),
+    (Op.SIGMOID, torch.sigmoid, "torch.sigmoid"),
+    (Op.ABS, torch.abs, "torch.abs"),
+    (Op.SIGN, torch.sign, "torch.sign"),
+    (Op.ADD, torch.add, "torch.add"),
+    (Op.SUB, torch.sub, "torch.sub"),
+    (Op.MUL, torch.mul, "torch.mul"),
+    (Op.DIV, torch.div, "torch.div"),
+    (Op.POW, torch.pow, "torch.pow"),
+    (Op.MAXIMUM, torch.maximum, "torch.maximum"),
+    (Op.MINIMUM, torch.minimum, "torch.minimum"),
+    (Op.LT, torch.lt, "torch.lt"),
+    (Op.LE, torch.le, "torch.le"),
+    (Op.EQ, torch.eq, "torch.eq"),
+    (Op.WHERE, torch.where, "torch.where"),
+]:
+    lowering(_op, kernel=_name)(_plain(_fn, _name))
+
+
+@lowering(Op.CAST, kernel="Tensor.to")
+def _cast(node: Node, x: T) -> T:
+    target = torch_dtype(node.dtype)
+    if target == torch.bfloat16 and x.dtype != torch.float32:
+        x = x.float()  # the interpreter goes through f32, then rounds to bf16
+    return x.to(target)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+@lowering(Op.SUM, kernel="torch.sum")
+def _sum(node: Node, x: T) -> T:
+    axes, keep = list(node.attrs["axes"]), node.attrs["keepdims"]
+    if not axes:  # torch would read dim=[] as every axis
+        return x
+    # int32 sums stay int32 (torch would widen them to int64).
+    dtype = x.dtype if x.dtype == torch.int32 else None
+    return torch.sum(x, dim=axes, keepdim=keep, dtype=dtype)
+
+
+@lowering(Op.MAX, kernel="torch.amax")
+def _max(node: Node, x: T) -> T:
+    axes, keep = list(node.attrs["axes"]), node.attrs["keepdims"]
+    return torch.amax(x, dim=axes, keepdim=keep) if axes else x
+
+
+# ---------------------------------------------------------------- movement
+
+
+@lowering(Op.RESHAPE, kernel="Tensor.reshape")
+def _reshape(node: Node, x: T) -> T:
+    return x.reshape(node.shape)
+
+
+@lowering(Op.TRANSPOSE, kernel="Tensor.permute")
+def _transpose(node: Node, x: T) -> T:
+    return x.permute(node.attrs["axes"])
+
+
+@lowering(Op.BROADCAST_TO, kernel="torch.broadcast_to")
+def _broadcast_to(node: Node, x: T) -> T:
+    return torch.broadcast_to(x, node.shape)
+
+
+@lowering(Op.SLICE, kernel="Tensor.narrow")
+def _slice(node: Node, x: T) -> T:
+    start, stop = node.attrs["start"], node.attrs["stop"]
+    return x.narrow(node.attrs["axis"], start, stop - start)
+
+
+@lowering(Op.PAD, kernel="Tensor.new_zeros + copy_")
+def _pad(node: Node, x: T) -> T:
+    axis, before = node.attrs["axis"], node.attrs["before"]
+    result = x.new_zeros(node.shape)
+    result.narrow(axis, before, x.shape[axis]).copy_(x)
+    return result
+
+
+@lowering(Op.CONCAT, kernel="torch.cat")
+def _concat(node: Node, *xs: T) -> T:
+    return torch.cat(xs, dim=node.attrs["axis"])
+
+
+@lowering(Op.TAKE, kernel="Tensor.index_select")
+def _take(node: Node, table: T, ids: T) -> T:
+    _check_ids(node, ids, table.shape[0])
+    return table.index_select(0, ids.reshape(-1)).reshape(node.shape)
+
+
+@lowering(Op.SCATTER_ADD, kernel="Tensor.index_add_")
+def _scatter_add(node: Node, ids: T, updates: T) -> T:
+    # bf16 rows are summed in f32 and rounded once, as the interpreter does.
+    wide = _wide(updates.dtype)
+    flat = ids.reshape(-1)
+    rows = updates.reshape(flat.numel(), *node.shape[1:]).to(wide)
+    result = torch.zeros(node.shape, dtype=wide, device=updates.device)
+    return result.index_add_(0, flat, rows).to(updates.dtype)
+
+
+# ---------------------------------------------------------------- products
+
+
+@lowering(Op.MATMUL, kernel="torch.matmul (cuBLAS on CUDA)")
+def _matmul(node: Node, a: T, b: T) -> T:
+    return torch.matmul(a, b)
+
+
+# ---------------------------------------------------------------- fused
+
+
+@lowering(Op.SOFTMAX, kernel="aten._softmax")
+def _softmax(node: Node, x: T) -> T:
+    return torch.ops.aten._softmax(x, node.attrs["axis"], False)
+
+
+@lowering(Op.LOG_SOFTMAX, kernel="aten._log_softmax")
+def _log_softmax(node: Node, x: T) -> T:
+    return torch.ops.aten._log_softmax(x, node.attrs["axis"], False)
+
+
+@lowering(Op.SOFTMAX_GRAD, kernel="aten._softmax_backward_data")
+def _softmax_grad(node: Node, y: T, g: T) -> T:
+    return torch.ops.aten._softmax_backward_data(g, y, node.attrs["axis"], y.dtype)
+
+
+def _rows(logits: T, targets: T) -> tuple[T, T]:
+    """Logits as ``[rows classes]`` in their arithmetic type and int64 ids ``[rows]``."""
+    flat = logits.reshape(-1, logits.shape[-1]).to(_wide(logits.dtype))
+    return flat, targets.reshape(-1).long()
+
+
+@lowering(Op.CROSS_ENTROPY, kernel="torch.nn.functional.cross_entropy (f32 for bf16)")
+def _cross_entropy(node: Node, logits: T, targets: T) -> T:
+    _check_ids(node, targets, logits.shape[-1])
+    flat, ids = _rows(logits, targets)
+    loss = F.cross_entropy(flat, ids, reduction="none")
+    return loss.reshape(targets.shape).to(torch_dtype(node.dtype))
+
+
+@lowering(Op.CROSS_ENTROPY_GRAD, kernel="aten._softmax + index_put_ (f32 for bf16)")
+def _cross_entropy_grad(node: Node, logits: T, targets: T, g: T) -> T:
+    # g * (softmax(logits) - onehot(targets)), row by row.
+    _check_ids(node, targets, logits.shape[-1])
+    flat, ids = _rows(logits, targets)
+    probs = torch.softmax(flat, dim=-1)
+    rows = torch.arange(ids.numel(), device=ids.device)
+    probs.index_put_((rows, ids), torch.tensor(-1.0, dtype=probs.dtype), accumulate=True)
+    probs.mul_(g.reshape(-1, 1).to(probs.dtype))
+    return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
+
+
+@lowering(Op.ATTENTION, kernel="scaled-dot-product attention")
+def _attention(node: Node, q: T, k: T, v: T) -> T:
+    backend = select_sdpa_backend(q.device, q.dtype)
+    return sdpa_forward(q, k, v, node.attrs["causal"], node.attrs["scale"], backend)[0]
+
+
+@lowering(Op.ATTENTION_GRAD, kernel="scaled-dot-product attention backward")
+def _attention_grad(node: Node, q: T, k: T, v: T, g: T) -> T:
+    # Alone it runs the forward first; the executor passes the forward's aux instead.
+    backend = select_sdpa_backend(q.device, q.dtype)
+    causal, scale = node.attrs["causal"], node.attrs["scale"]
+    return sdpa_backward(g, q, k, v, causal, scale, None, backend)
+
+
+def _layernorm_stats(node: Node, x: T) -> tuple[T, T, T]:
+    """(normalized x, mean, rstd) over the last axis, no weight or bias."""
+    return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, node.attrs["eps"])
+
+
+@lowering(Op.LAYERNORM, kernel="aten.native_layer_norm")
+def _layernorm(node: Node, x: T) -> T:
+    return _layernorm_stats(node, x)[0]
+
+
+@lowering(Op.LAYERNORM_GRAD, kernel="aten.native_layer_norm_backward")
+def _layernorm_grad(node: Node, x: T, g: T) -> T:
+    # The statistics are recomputed from x, as the IR's layernorm-grad says.
+    _, mean, rstd = _layernorm_stats(node, x)
+    mask = [True, False, False]
+    return torch.ops.aten.native_layer_norm_backward(
+        g, x, [x.shape[-1]], mean, rstd, None, None, mask
+    )[0]
+
+
+@lowering(Op.GELU, kernel="torch.nn.functional.gelu (tanh)")
+def _gelu(node: Node, x: T) -> T:
+    return F.gelu(x, approximate="tanh")
+
+
+@lowering(Op.GELU_GRAD, kernel="aten.gelu_backward (tanh)")
+def _gelu_grad(node: Node, x: T, g: T) -> T:
+    return torch.ops.aten.gelu_backward(g, x, approximate="tanh")
+
+
+def lower(node: Node, *args: Any) -> T:
+    """Run `node`'s lowering on `args` (tensors; the device for CONSTANT and IOTA)."""
+    return LOWERINGS[node.op](node, *args)
+
+
+assert frozenset(Op) == frozenset(LOWERINGS) | LOWERING_EXEMPT

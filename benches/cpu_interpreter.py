@@ -72,7 +72,7 @@ def _time(step, repeats: int) -> tuple[list[float], list[float]]:
 
 
 def run_sexpgpu(args: argparse.Namespace) -> dict:
-    from sexpgpu.devices.program import compile_run
+    from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment_text
 
     text = GPT.format(**vars(args))

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sexpgpu.devices.program import compile_run
+from sexpgpu.devices.cpu_device import CpuKernels
+from sexpgpu.ir.compile import compile_run
 from sexpgpu.lang import load_experiment_text
 
 torch = pytest.importorskip("torch")
@@ -32,7 +33,7 @@ MLP_VARIANT = "\n(defvariant tiny (hidden 16) (batch 5))\n"
 def _program(example: str, variant_text: str):
     text = (EXAMPLES / example).read_text() + variant_text
     experiment = load_experiment_text(text, example, variant="tiny")
-    return compile_run(experiment, experiment.run())
+    return CpuKernels(compile_run(experiment, experiment.run()))
 
 
 def _close(name: str, got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> None:
@@ -64,7 +65,7 @@ def _compare(program, model, batch, to_torch, steps: int = 3, lr: float = 0.1) -
 
 def test_gpt_loss_and_gradients_equal_torch() -> None:
     program = _program("gpt.lisp", GPT_VARIANT)
-    assert program.inputs == {"tokens": ((3, 16), "int32"), "next": ((3, 16), "int32")}
+    assert program.compiled.inputs == {"tokens": ((3, 16), "int32"), "next": ((3, 16), "int32")}
     rng = np.random.default_rng(3)
     tokens = rng.integers(0, 64, (3, 17)).astype(np.int32)
     batch = {"tokens": tokens[:, :-1], "next": tokens[:, 1:]}
@@ -78,7 +79,7 @@ def test_gpt_loss_and_gradients_equal_torch() -> None:
 
 def test_mlp_loss_and_gradients_equal_torch() -> None:
     program = _program("mlp.lisp", MLP_VARIANT)
-    assert program.inputs == {"x": ((5, 64), "f32"), "y": ((5,), "int32")}
+    assert program.compiled.inputs == {"x": ((5, 64), "f32"), "y": ((5,), "int32")}
     rng = np.random.default_rng(4)
     batch = {"x": rng.random((5, 64), dtype=np.float32), "y": rng.integers(0, 10, 5, np.int32)}
     model = TorchMLP(64, 16, 10)

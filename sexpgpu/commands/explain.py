@@ -1,10 +1,15 @@
-"""`sexpgpu explain FILE [--variant V] [--run NAME] [--graph train|eval] [--no-spans]`.
+"""`sexpgpu explain FILE [--variant V] [--run NAME] [--graph train|eval] [--no-spans] [--device D]`.
 
 Prints a header (parameters, FLOPs, the interpreter's planned peak memory)
 as ``;`` comments, then the run's training graph (loss and gradients) or its
 evaluation graph as S-expressions, one node per line with the source
 position it comes from unless ``--no-spans``. The text reads back with
 `sexpgpu.ir.printer.parse_graph`.
+
+With ``--device cuda`` (or ``SEXPGPU_DEVICE=cuda``) the header also holds
+the device's lowering report: the GPU and its capability, each pattern
+matched and where, the attention backend, and the memory plan with its
+parts. Without a GPU, ``SEXPGPU_MEMORY`` names the card to plan for.
 
 `model_section` is the same summary with the parameter table, as a section
 of ``sexpgpu check``.
@@ -13,9 +18,14 @@ of ``sexpgpu check``.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
-from sexpgpu.devices.program import TrainingProgram, compile_run
+from sexpgpu.devices.base import get_device
+from sexpgpu.devices.cpu import CpuProgram
+from sexpgpu.devices.optim import OPTIMIZERS
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.ir.compile import CompiledRun, compile_run
 from sexpgpu.ir.printer import format_graph
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.lang import Experiment, RunDef, load_experiment
@@ -32,15 +42,15 @@ def format_flops(flops: float) -> str:
     return f"{flops:.0f} FLOP"
 
 
-def summary_lines(program: TrainingProgram, run: RunDef) -> list[str]:
-    """Parameter count, FLOPs and planned peak of `run`'s compiled program."""
+def summary_lines(program: CompiledRun, run: RunDef) -> list[str]:
+    """Parameter count, FLOPs and the interpreter's planned peak of `run`'s compiled program."""
     per_micro = program.flops_per_step
     micro = f"{run.microbatches} microbatch{'es' if run.microbatches != 1 else ''}"
     return [
         f"parameters: {program.param_count:,} in {len(program.params)} tensors",
         f"FLOPs per step: {format_flops(per_micro * run.microbatches)} ({micro} of "
         f"{run.batch} rows, {format_flops(per_micro)} each; matmuls forward and backward)",
-        f"memory: {format_bytes(program.planned_peak_bytes)} planned peak "
+        f"memory: {format_bytes(CpuProgram(program.train_graph).planned_peak_bytes)} planned peak "
         "on the cpu interpreter (one microbatch)",
     ]
 
@@ -70,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the training graph (loss and gradients; default) or the evaluation graph",
     )
     parser.add_argument("--no-spans", action="store_true", help="leave out source positions")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], help="add this device's lowering report"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -82,6 +95,37 @@ def main(args: argparse.Namespace) -> int:
         where += f" (variant {experiment.variant})"
     header = [f"{where}, run {run.name}: {args.graph} graph, {len(graph.nodes())} nodes"]
     header += summary_lines(program, run)
+    device = args.device or os.environ.get("SEXPGPU_DEVICE", "").strip().lower() or None
+    if device is not None:
+        header += lowering_report(program, run, device, os.environ)
     print("\n".join(f"; {line}" for line in header))
     print(format_graph(graph, spans=not args.no_spans))
     return 0
+
+
+def lowering_report(
+    compiled: CompiledRun, run: RunDef, device: str, environ: os._Environ | dict
+) -> list[str]:
+    """The `device`'s report on `compiled`: its patterns, kernels and memory plan (one rank).
+
+    With no GPU visible, a cuda report needs ``SEXPGPU_MEMORY`` as the card to plan for.
+    """
+    from sexpgpu.runtime.config import RuntimeConfig
+    from sexpgpu.runtime.devices import visible_gpu_count
+
+    visible = None
+    if device == "cuda" and visible_gpu_count() == 0:
+        if not environ.get("SEXPGPU_MEMORY", "").strip():
+            raise SexpgpuError(
+                "E-DP-001",
+                "no GPU is visible to report the cuda lowering for",
+                "--device",
+                hint="name the card to plan for, e.g. SEXPGPU_MEMORY=80GiB sexpgpu explain "
+                "FILE --device cuda",
+            )
+        visible = 1  # plan for the named card
+    config = RuntimeConfig.from_env(environ, device=device, visible_gpus=visible)
+    backend = get_device(device)
+    moments = len(getattr(OPTIMIZERS.get(run.optimizer.name), "moments", ()))
+    plan = backend.plan(compiled, moments=moments, ranks=config.local_size, memory=config.memory)
+    return backend.report(compiled, plan)

@@ -1,4 +1,9 @@
-"""Optimizers on NumPy dicts: `sgd` and `adamw`, and clipping by global norm.
+"""Optimizers: `sgd` and `adamw`, and clipping by global norm, on any device's arrays.
+
+The update rules are written once, against an `ArrayOps` namespace (NumPy
+for the cpu device, PyTorch for cuda): arrays are updated in place with
+Python's operators, which NumPy and PyTorch share, so every device runs the
+same arithmetic in the same order.
 
 Both follow PyTorch's update rules (``torch.optim.SGD`` with dampening 0 and
 ``torch.optim.AdamW``), so a run and the same model written in PyTorch trace
@@ -20,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sexpgpu.devices.arrays import NUMPY, ArrayOps
 from sexpgpu.errors import SexpgpuError
 
 __all__ = [
@@ -31,9 +37,10 @@ __all__ = [
     "global_norm",
     "make_optimizer",
     "optimizer",
+    "peak_lr",
 ]
 
-Arrays = dict[str, np.ndarray]
+Arrays = dict[str, Any]  # name -> a device's array
 
 # name as users type it -> Optimizer subclass
 OPTIMIZERS: dict[str, type[Optimizer]] = {}
@@ -63,6 +70,8 @@ class Optimizer:
         The options as written (``lr``, ``weight-decay``, ...).
     where
         The span or name reported in errors.
+    xp
+        The arrays' namespace (`sexpgpu.devices.arrays.NUMPY` by default).
     """
 
     name = ""
@@ -75,7 +84,9 @@ class Optimizer:
         decay: Mapping[str, bool],
         options: Mapping[str, Any],
         where: Any = None,
+        xp: ArrayOps = NUMPY,
     ) -> None:
+        self.xp = xp
         options = {k.replace("-", "_"): v for k, v in options.items()}
         unknown = sorted(set(options) - set(self.defaults))
         if unknown:
@@ -90,7 +101,7 @@ class Optimizer:
         self.decay = dict(decay)
         self.steps = 0
         self.state: dict[str, Arrays] = {
-            m: {k: np.zeros(s, np.float32) for k, s in shapes.items()} for m in self.moments
+            m: {k: xp.zeros(s) for k, s in shapes.items()} for m in self.moments
         }
 
     @property
@@ -98,12 +109,12 @@ class Optimizer:
         """The peak learning rate (the schedule scales it)."""
         return float(self.options["lr"])
 
-    def step(self, params: Arrays, grads: Mapping[str, np.ndarray], lr: float) -> None:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float) -> None:
         """Update `params` in place with `grads` at learning rate `lr`."""
         raise NotImplementedError
 
     def tensors(self) -> Arrays:
-        """The moment arrays, keyed ``"<moment>/<param>"``."""
+        """The moment arrays (the device's), keyed ``"<moment>/<param>"``."""
         return {f"{m}/{k}": v for m, vs in self.state.items() for k, v in vs.items()}
 
     def scalars(self) -> dict[str, Any]:
@@ -111,12 +122,12 @@ class Optimizer:
         return {"name": self.name, "steps": self.steps, "options": _jsonable(self.options)}
 
     def load(self, tensors: Mapping[str, np.ndarray], scalars: Mapping[str, Any]) -> None:
-        """Restore what `tensors` and `scalars` returned."""
+        """Restore what `tensors` (host arrays) and `scalars` returned."""
         assert scalars["name"] == self.name, (scalars["name"], self.name)
         self.steps = int(scalars["steps"])
         for m, vs in self.state.items():
             for k in vs:
-                vs[k] = np.array(tensors[f"{m}/{k}"], dtype=np.float32)
+                vs[k] = self.xp.upload(np.asarray(tensors[f"{m}/{k}"], dtype=np.float32))
 
 
 def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +141,7 @@ class Sgd(Optimizer):
     defaults: ClassVar[Mapping[str, Any]] = {"lr": 0.01, "momentum": 0.0, "nesterov": False}
     moments: ClassVar[tuple[str, ...]] = ("momentum",)
 
-    def step(self, params: Arrays, grads: Mapping[str, np.ndarray], lr: float) -> None:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float) -> None:
         mu = float(self.options["momentum"])
         nesterov = bool(self.options["nesterov"])
         self.steps += 1
@@ -163,7 +174,7 @@ class AdamW(Optimizer):
     }
     moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
 
-    def step(self, params: Arrays, grads: Mapping[str, np.ndarray], lr: float) -> None:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float) -> None:
         b1, b2 = (float(b) for b in self.options["betas"])
         eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
         self.steps += 1
@@ -177,13 +188,16 @@ class AdamW(Optimizer):
             m += (g - m) * (1 - b1)  # torch's lerp
             v *= b2
             v += (1 - b2) * g * g
-            p -= step_size * (m / (np.sqrt(v) / root_bc2 + eps))
+            p -= step_size * (m / (self.xp.sqrt(v) / root_bc2 + eps))
 
 
 def make_optimizer(
-    spec: Any, shapes: Mapping[str, tuple[int, ...]], decay: Mapping[str, bool]
+    spec: Any,
+    shapes: Mapping[str, tuple[int, ...]],
+    decay: Mapping[str, bool],
+    xp: ArrayOps = NUMPY,
 ) -> Optimizer:
-    """The optimizer an `OptimizerSpec` (``name``, ``options``, ``span``) names."""
+    """The optimizer an `OptimizerSpec` (``name``, ``options``, ``span``) names, over `xp`."""
     if spec.name not in OPTIMIZERS:
         raise SexpgpuError(
             "E-TRAIN-001",
@@ -192,23 +206,28 @@ def make_optimizer(
             hint=f"use one of {', '.join(sorted(OPTIMIZERS))}",
         )
     cls = OPTIMIZERS[spec.name]
-    return cls(shapes, decay, dict(spec.options), getattr(spec, "span", None))
+    return cls(shapes, decay, dict(spec.options), getattr(spec, "span", None), xp)
 
 
-def global_norm(grads: Mapping[str, np.ndarray]) -> float:
+def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
     """The 2-norm of all gradients together, accumulated in float64."""
-    return math.sqrt(sum(float(np.sum(np.square(g, dtype=np.float64))) for g in grads.values()))
+    return math.sqrt(xp.sum_of_squares(list(grads.values())))
 
 
-def clip_by_global_norm(grads: dict[str, np.ndarray], max_norm: float) -> float:
+def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = NUMPY) -> float:
     """Scale `grads` in place so their global norm is at most `max_norm`.
 
     As ``torch.nn.utils.clip_grad_norm_``: the factor is
     ``min(1, max_norm / (norm + 1e-6))``. Returns the norm before clipping.
     """
-    norm = global_norm(grads)
+    norm = global_norm(grads, xp)
     scale = max_norm / (norm + 1e-6)
     if scale < 1.0:
         for g in grads.values():
             g *= scale
     return norm
+
+
+def peak_lr(spec: Any) -> float:
+    """The learning rate an `OptimizerSpec` names (before the schedule scales it)."""
+    return make_optimizer(spec, {}, {}).lr

@@ -8,10 +8,10 @@
 docs/training.md describes a run; docs/metrics.md its directory.
 """
 
+from sexpgpu.devices.optim import OPTIMIZERS, clip_by_global_norm, make_optimizer
 from sexpgpu.train.checkpoint import Checkpoint, Location, load_checkpoint, save_checkpoint
 from sexpgpu.train.data import SOURCES, make_loader
 from sexpgpu.train.loop import Trainer
-from sexpgpu.train.optim import OPTIMIZERS, clip_by_global_norm, make_optimizer
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.runner import prepare_run, run_experiment
 from sexpgpu.train.schedules import SCHEDULES, make_schedule

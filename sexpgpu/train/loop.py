@@ -1,7 +1,7 @@
 """The run loop: data-parallel steps over a `DeviceGroup`, eval, checkpoints, records.
 
-Each rank runs `RankLoop` (`sexpgpu.train.rank`) on its own thread with its own program, loader
-share, parameters and optimizer::
+Each rank runs `RankLoop` (`sexpgpu.train.rank`) on its own thread with its own program (its
+device's parameters, gradients and optimizer) and loader share::
 
     for each step:
         every rank:  loss and gradient summed over its microbatches
@@ -23,12 +23,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sexpgpu.devices.base import Program
+from sexpgpu.devices.optim import make_optimizer
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.runtime.memory import MemoryPlan
 from sexpgpu.train.checkpoint import Checkpoint, Location, load_checkpoint
 from sexpgpu.train.data import make_loader
 from sexpgpu.train.metrics import MetricsLog, write_status
-from sexpgpu.train.optim import make_optimizer
-from sexpgpu.train.rank import RankLoop
+from sexpgpu.train.rank import RankLoop, RunContext
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
@@ -44,7 +46,7 @@ class Trainer:
     Parameters
     ----------
     make_program
-        ``rank -> TrainingProgram`` (see docs/training.md): each rank gets its own.
+        ``rank -> Program`` (`sexpgpu.devices.base`): each rank gets its own, on its device.
     data
         The run's `DataDef`.
     settings
@@ -55,10 +57,12 @@ class Trainer:
         Recorded in checkpoints; a resume must match it (E-CKPT-003).
     devices
         The ranks' devices, e.g. ``("cpu:0", "cpu:1")``.
-    model_inputs
-        The data fields the model reads; an integer field of another name
-        whose shape is the output's without its last axis is the target that
-        eval accuracy compares the argmax with.
+    target
+        The data field eval accuracy compares the output's argmax with, or None.
+    plan
+        One rank's memory plan: its line opens the run, its peak line ends it.
+    report
+        The device's lowering report (the plan's line among it), annotated at the start.
     resume
         None, ``"latest"`` or a checkpoint folder or location.
     on_step
@@ -69,14 +73,16 @@ class Trainer:
 
     def __init__(
         self,
-        make_program: Callable[[int], Any],
+        make_program: Callable[[int], Program],
         data: Any,
         settings: RunSettings,
         run_dir: Path,
         *,
         experiment_hash: str,
         devices: Sequence[str] = ("cpu:0",),
-        model_inputs: Sequence[str] = (),
+        target: str | None = None,
+        plan: MemoryPlan | None = None,
+        report: Sequence[str] = (),
         resume: str | None = None,
         on_step: Callable[[StepReport], None] | None = None,
         storage_options: Mapping[str, Any] | None = None,
@@ -85,7 +91,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.hash = experiment_hash
         self.devices = tuple(devices)
-        self.model_inputs = tuple(model_inputs)
+        self.target, self.plan, self.report = target, plan, tuple(report)
         self.resume, self.on_step = resume, on_step
         self.storage_options = storage_options
         self.location = self._location()
@@ -127,9 +133,12 @@ class Trainer:
                 for message in ckpt.skipped:
                     metrics.annotate(ckpt.step, f"checkpoint: skipped damaged {message}")
             group = DeviceGroup(self.devices)
+            run = self._context()
             started = time.perf_counter()
             results = group.run(
-                lambda ctx: RankLoop(self, ctx, loaders[ctx.rank], ckpt, metrics).run()
+                lambda ctx: RankLoop(
+                    run, ctx, self.make_program(ctx.rank), loaders[ctx.rank], ckpt, metrics
+                ).run()
             )
         except BaseException as err:
             # Ctrl-C is not a failure of the run: say so, keeping the last step and loss.
@@ -142,6 +151,20 @@ class Trainer:
         summary.seconds = time.perf_counter() - started
         summary.resumed_from = ckpt.step if ckpt else None
         return summary
+
+    def _context(self) -> RunContext:
+        return RunContext(
+            settings=self.settings,
+            data=self.data,
+            devices=self.devices,
+            experiment_hash=self.hash,
+            location=self.location,
+            target=self.target,
+            plan=self.plan,
+            report=self.report,
+            on_step=self.on_step,
+            status=self._status,
+        )
 
     def _open_metrics(self, resumed: int | None) -> MetricsLog:
         # The run directory is made here, so an --out that cannot hold one is a user error.

@@ -1,8 +1,10 @@
-"""One rank's share of a run: its program, loader share, parameters and optimizer.
+"""One rank's share of a run: its program (on its device), loader share and records.
 
 `RankLoop.run` is what each thread of the `DeviceGroup` executes (see
-`sexpgpu.train.loop` for the step). Rank 0 also writes the records: metrics,
-status, evaluations and checkpoints.
+`sexpgpu.train.loop` for the step). The rank's parameters, gradients and
+optimizer live on its device, inside the `sexpgpu.devices.base.Program`;
+this loop only sequences the step and sees the loss and metrics. Rank 0
+also writes the records: metrics, status, evaluations and checkpoints.
 """
 
 from __future__ import annotations
@@ -11,28 +13,69 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from sexpgpu.devices.base import HostState, Program
+from sexpgpu.devices.optim import peak_lr
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.train.checkpoint import Checkpoint, save_checkpoint
+from sexpgpu.runtime.memory import MemoryPlan
+from sexpgpu.train.checkpoint import Checkpoint, Location, save_checkpoint
 from sexpgpu.train.data import Loader
 from sexpgpu.train.metrics import REDUCERS, MetricsLog
-from sexpgpu.train.optim import Optimizer, clip_by_global_norm, global_norm, make_optimizer
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.schedules import make_schedule
+from sexpgpu.train.settings import RunSettings
 
-if TYPE_CHECKING:
-    from sexpgpu.train.loop import Trainer
-
-__all__ = ["DIAGNOSTICS", "RankLoop"]
+__all__ = ["DIAGNOSTICS", "RankLoop", "RunContext"]
 
 log = logging.getLogger(__name__)
 
 DIAGNOSTICS = ("grad-norm", "activation-rms")
 _STATUS_EVERY_S = 1.0  # status.json at most this often (and at the end)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every rank of one run shares, fixed before the ranks start.
+
+    Attributes
+    ----------
+    settings
+        The run's settings.
+    data
+        The data definition (its ``name`` and ``kind`` are annotated).
+    devices
+        The ranks' devices, e.g. ``("cpu:0", "cpu:1")``.
+    experiment_hash
+        Recorded in checkpoints.
+    location
+        Where checkpoints go, or None.
+    target
+        The data field eval accuracy compares the output's argmax with.
+    plan
+        The memory plan of one rank, or None when the program plans none.
+    report
+        The device's lowering report, annotated at the start.
+    on_step
+        Progress callback (rank 0's thread).
+    status
+        Writes ``status.json`` (fields not given keep their last value).
+    """
+
+    settings: RunSettings
+    data: Any
+    devices: tuple[str, ...]
+    experiment_hash: str
+    location: Location | None
+    target: str | None
+    plan: MemoryPlan | None
+    report: tuple[str, ...]
+    on_step: Callable[[StepReport], None] | None
+    status: Callable[..., None]
 
 
 def _digest(params: Mapping[str, np.ndarray]) -> str:
@@ -48,36 +91,29 @@ class RankLoop:
 
     def __init__(
         self,
-        trainer: Trainer,
+        run: RunContext,
         ctx: Any,
+        program: Program,
         loader: Loader,
         ckpt: Checkpoint | None,
         metrics: MetricsLog,
     ) -> None:
-        s = trainer.settings
-        self.t, self.ctx, self.s, self.metrics = trainer, ctx, s, metrics
+        s = run.settings
+        self.run_ctx, self.ctx, self.s, self.metrics = run, ctx, s, metrics
         self.lead = ctx.rank == 0
-        self.program = trainer.make_program(ctx.rank)
+        self.program = program
         self.loader = loader
-        info = self.program.params
-        self.optimizer: Optimizer = make_optimizer(
-            s.optimizer,
-            {k: tuple(p.shape) for k, p in info.items()},
-            {k: bool(getattr(p, "decay", True)) for k, p in info.items()},
-        )
-        self.schedule = make_schedule(s.schedule, self.optimizer.lr, s.steps)
         self.rng = np.random.default_rng(s.seed)  # for stochastic ops; saved and restored
         if ckpt is None:
             self.start = 0
-            self.params = {
-                k: np.array(v, np.float32) for k, v in self.program.init_params(s.seed).items()
-            }
+            program.start(s.optimizer, seed=s.seed, state=None)
         else:
             self.start = ckpt.step
-            self.params = {k: np.array(v, np.float32) for k, v in ckpt.params.items()}
-            self.optimizer.load(ckpt.optimizer, ckpt.state["optimizer"])
+            state = HostState(ckpt.params, ckpt.optimizer, ckpt.state["optimizer"])
+            program.start(s.optimizer, seed=s.seed, state=state)
             self.loader.restore(ckpt.state["loaders"][ctx.rank])
             self.rng.bit_generator.state = ckpt.state["rng"]
+        self.schedule = make_schedule(s.schedule, peak_lr(s.optimizer), s.steps)
         self.diagnostics = self._diagnostics()
         self.peak, self.per_s = 0, 0.0  # the run's highest peak_bytes; the last tokens/s
         self.last: dict[str, float | None] = {
@@ -105,7 +141,7 @@ class RankLoop:
                     getattr(d, "span", None),
                     hint=f"use one of {', '.join(REDUCERS)}",
                 )
-            if d.name == "activation-rms" and not hasattr(self.program, "activation_rms"):
+            if d.name == "activation-rms" and not self.program.has_activations:
                 text = "diagnostics: activation-rms skipped: the program exposes no activations"
                 if self.lead:
                     log.warning(text)
@@ -133,42 +169,33 @@ class RankLoop:
                 self._evaluate(step)
             if s.checkpoint_every and (step % s.checkpoint_every == 0 or step == s.steps):
                 self._checkpoint(step)
-            if self.lead and self.t.on_step is not None:
-                self.t.on_step(self._report(step, loss, lr, norm, elapsed, times))
+            if self.lead and self.run_ctx.on_step is not None:
+                self.run_ctx.on_step(self._report(step, loss, lr, norm, elapsed, times))
         if self.lead:
-            self._finish(times)
+            self._finish()
         return RunSummary(
             step=max(self.start, s.steps),
             loss=self.last["loss"],
             eval_loss=self.last["eval_loss"],
             eval_accuracy=self.last["eval_accuracy"],
             seconds=0.0,
-            params=self.params,
+            params=self.program.host_state().params,
         )
 
     def _step(self, index: int) -> tuple[float, float, float, dict[str, Any]]:
-        """One optimizer step: local sums, all-reduce, mean, clip, update."""
+        """One optimizer step: local sums, all-reduce, mean, clip, update (on the device)."""
+        program = self.program
         batches = self.loader.next_step()
-        loss_sum, grads, peak = 0.0, None, 0
         for batch in batches:
-            loss, g = self.program.train_step(self.params, batch)
-            peak = max(peak, int(getattr(self.program, "last_peak_bytes", 0)))
-            loss_sum += float(loss)
-            if grads is None:
-                grads = {k: np.array(v, np.float32) for k, v in g.items()}
-            else:
-                for k, v in g.items():
-                    grads[k] += v
+            program.accumulate(batch)
         step = index + 1
-        local = {"peak": peak}
+        local = {"peak": program.take_peak(), "events": list(program.events)}
+        program.events.clear()
         due = [d for d in self.diagnostics if step % d.every == 0]
         if any(d.name == "grad-norm" for d in due):
-            local["grad-norm"] = global_norm(grads) / len(batches)
-        total = self.ctx.all_reduce({"loss": np.float64(loss_sum), "grads": grads})
+            local["grad-norm"] = program.local_grad_norm()
+        loss = program.reduce(self.ctx, self.s.microbatches)
         locals_ = self.ctx.allgather(local)
-        m = self.s.microbatches
-        grads = {k: v / np.float32(m) for k, v in total["grads"].items()}
-        loss = float(total["loss"]) / m
         if not math.isfinite(loss):
             raise SexpgpuError(
                 "E-TRAIN-002",
@@ -176,36 +203,30 @@ class RankLoop:
                 getattr(self.s.optimizer, "span", None),
                 hint="lower :lr, add :clip 1.0, or add warmup to the schedule",
             )
-        if self.s.clip is not None:
-            norm = clip_by_global_norm(grads, float(self.s.clip))
-        else:
-            norm = global_norm(grads)
         lr = self.schedule(index)
-        self.optimizer.step(self.params, grads, lr)
+        norm = program.update(lr, self.s.clip)
         extras = {"peak": max(x["peak"] for x in locals_), "diagnostics": {}}
+        extras["events"] = [line for x in locals_ for line in x["events"]]
         for d in due:
             if d.name == "grad-norm":
                 values = [x["grad-norm"] for x in locals_]
                 extras["diagnostics"][d.name] = REDUCERS[d.reduce or "mean"](values)
             elif d.name == "activation-rms" and self.lead:
-                extras["diagnostics"] |= self._activation_rms(batches[0], d)
+                # Only rank 0 samples activations: one microbatch is a fair sample.
+                values = program.activation_rms(batches[0])
+                extras["diagnostics"] |= {f"{d.name}/{k}": float(v) for k, v in values.items()}
         return loss, norm, lr, extras
-
-    def _activation_rms(self, batch: Mapping[str, np.ndarray], d: Any) -> dict[str, float]:
-        # Only rank 0 samples activations: one microbatch is a fair sample.
-        values = self.program.activation_rms(self.params, batch)
-        return {f"{d.name}/{k}": float(v) for k, v in values.items()}
 
     # -- records (rank 0) -----------------------------------------------------------------
 
     def _annotate_start(self) -> None:
-        planned = int(getattr(self.program, "planned_peak_bytes", 0))
-        m, step = self.metrics, self.start
-        m.annotate(step, f"devices: {len(self.t.devices)} x {self.ctx.device.kind}")
-        m.annotate(step, f"memory: plan {planned} bytes per rank")
+        run, m, step = self.run_ctx, self.metrics, self.start
+        m.annotate(step, f"devices: {len(run.devices)} x {self.ctx.device.kind}")
+        for line in run.report:
+            m.annotate(step, line)
         m.annotate(
             step,
-            f"data: {self.t.data.name} ({self.t.data.kind}), "
+            f"data: {run.data.name} ({run.data.kind}), "
             f"{self.loader.items_per_microbatch} items per microbatch",
         )
 
@@ -227,6 +248,8 @@ class RankLoop:
         w(step, "train/step_time_s", elapsed)
         w(step, "train/tokens_per_s", per_s)
         w(step, "runtime/peak_bytes", extras["peak"])
+        for line in extras["events"]:
+            self.metrics.annotate(step, line)
         for name, value in extras["diagnostics"].items():
             w(step, f"diag/{name}", value)
         self.last["loss"], self.per_s = loss, per_s
@@ -234,7 +257,7 @@ class RankLoop:
         now = time.monotonic()
         if step == self.s.steps or now - getattr(self, "_status_at", 0.0) >= _STATUS_EVERY_S:
             self._status_at = now
-            self.t._status(
+            self.run_ctx.status(
                 self.metrics,
                 step=step,
                 loss=loss,
@@ -246,29 +269,14 @@ class RankLoop:
     def _evaluate(self, step: int) -> None:
         losses, right, total = [], 0, 0
         for batch in self.loader.eval_batches(self.s.eval_batches):
-            loss, output = self.program.eval_step(self.params, batch)
-            losses.append(float(loss))
-            target = self._target(batch, np.asarray(output))
-            if target is not None:
-                right += int(np.sum(np.argmax(output, axis=-1) == target))
-                total += target.size
+            result = self.program.evaluate(batch, self.run_ctx.target)
+            losses.append(result.loss)
+            right, total = right + result.correct, total + result.count
         self.last["eval_loss"], self.last["eval_step"] = float(np.mean(losses)), step
         self.metrics.write(step, "eval/loss", self.last["eval_loss"])
         if total:
             self.last["eval_accuracy"] = right / total
             self.metrics.write(step, "eval/accuracy", self.last["eval_accuracy"])
-
-    def _target(self, batch: Mapping[str, np.ndarray], output: np.ndarray) -> np.ndarray | None:
-        if output.dtype.kind != "f" or output.ndim < 2:
-            return None
-        for name, value in batch.items():
-            if (
-                name not in self.t.model_inputs
-                and value.dtype.kind in "iu"
-                and value.shape == output.shape[:-1]
-            ):
-                return value
-        return None
 
     def _report(
         self, step: int, loss: float, lr: float, norm: float, elapsed: float, times: list[float]
@@ -289,15 +297,11 @@ class RankLoop:
             eval_step=self.last["eval_step"],
         )
 
-    def _finish(self, times: list[float]) -> None:
-        planned = int(getattr(self.program, "planned_peak_bytes", 0))
-        peak = self.peak
-        if planned and peak:
-            over = 100 * (peak - planned) / planned
-            self.metrics.annotate(
-                self.s.steps, f"memory: peak {peak} of {planned} planned ({over:+.0f}%)"
-            )
-        self.t._status(
+    def _finish(self) -> None:
+        plan = self.run_ctx.plan
+        if plan is not None and plan.total and self.peak:
+            self.metrics.annotate(self.s.steps, plan.peak_line(self.peak))
+        self.run_ctx.status(
             self.metrics,
             step=max(self.start, self.s.steps),
             loss=self.last["loss"],
@@ -309,30 +313,32 @@ class RankLoop:
     # -- checkpoints (every rank takes part) ---------------------------------------------
 
     def _checkpoint(self, step: int) -> None:
-        mine = {"loader": self.loader.state(), "digest": _digest(self.params)}
+        host = self.program.host_state()
+        mine = {"loader": self.loader.state(), "digest": _digest(host.params)}
         everyone = self.ctx.gather(mine, root=0)
-        if not self.lead or self.t.location is None:
+        location = self.run_ctx.location
+        if not self.lead or location is None:
             return
         digests = {x["digest"] for x in everyone}
         if len(digests) > 1:
             raise SexpgpuError(
                 "E-DP-004",
                 f"the ranks' parameters differ at step {step}; checkpoint not written",
-                str(self.t.location),
+                str(location),
                 hint="a device computed differently; rerun with SEXPGPU_DEBUG=1 and report it",
             )
         state = {
             "format": 1,
-            "experiment_hash": self.t.hash,
-            "optimizer": self.optimizer.scalars(),
+            "experiment_hash": self.run_ctx.experiment_hash,
+            "optimizer": host.optimizer,
             "loaders": [x["loader"] for x in everyone],
             "rng": self.rng.bit_generator.state,
             "devices": self.ctx.size,
             "nodes": 1,
             "device": self.ctx.device.kind,
         }
-        ckpt = Checkpoint(step, self.params, self.optimizer.tensors(), state)
-        where = save_checkpoint(self.t.location, ckpt)
+        ckpt = Checkpoint(step, host.params, host.moments, state)
+        where = save_checkpoint(location, ckpt)
         self.metrics.annotate(step, f"checkpoint: {where}")
 
 

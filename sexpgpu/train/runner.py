@@ -14,70 +14,40 @@ from sexpgpu.train.settings import RunSettings, experiment_hash
 __all__ = ["prepare_run", "run_experiment"]
 
 
-def _devices(device: str | None, environ: Mapping[str, str]) -> tuple[list[str], int | None]:
-    """The local devices of a cpu run, and ``SEXPGPU_MEMORY`` (None when unset)."""
+def _config(device: str | None, environ: Mapping[str, str]) -> Any:
+    """The run's `RuntimeConfig`: device kind, local devices, ``SEXPGPU_MEMORY``."""
     from sexpgpu.runtime.config import RuntimeConfig
 
     config = RuntimeConfig.from_env(environ, device=device)
-    if config.device != "cpu":
-        raise SexpgpuError(
-            "E-CLI-001",
-            f"training on `{config.device}` is not available yet; only cpu runs train",
-            "--device",
-            hint="use --device cpu (SEXPGPU_DEVICES=0,1 simulates several ranks)",
-        )
-    if config.nodes != 1:
+    if config.nodes != 1 and config.device == "cpu":
         raise SexpgpuError(
             "E-DP-005",
             f"SEXPGPU_NODES={config.nodes}: runs of several nodes need cuda",
             "SEXPGPU_NODES",
             hint="unset SEXPGPU_NODES for a cpu run",
         )
-    return [str(d) for d in config.local_devices], config.memory
+    if config.nodes != 1:
+        raise SexpgpuError(
+            "E-DP-005",
+            f"SEXPGPU_NODES={config.nodes}: runs of several nodes are not available yet",
+            "SEXPGPU_NODES",
+            hint="unset SEXPGPU_NODES and train on the GPUs of one node",
+        )
+    return config
 
 
-def _check_trainable(program: Any, rundef: Any) -> None:
+def _check_trainable(compiled: Any, rundef: Any) -> None:
     """E-TRACE-006 when no parameter reaches the loss, as PyTorch's backward refuses it.
 
     `check` and `explain` still show such a graph; only training it is pointless.
     """
-    from sexpgpu.ir.node import topological_order
-    from sexpgpu.ir.ops import Op
-
-    if not any(node.op == Op.PARAM for node in topological_order([program.trace.loss])):
+    if not compiled.trainable:
         raise SexpgpuError(
             "E-TRACE-006",
             f"the loss of run `{rundef.name}` depends on no parameter: training changes nothing",
             getattr(rundef.loss, "span", None),
             hint="compute the loss from the model's output, e.g. (cross-entropy (model x) y)",
         )
-
-
-def _check_memory(program: Any, settings: RunSettings, ranks: int, memory: int | None) -> None:
-    """E-MEM-001 before any initializer runs when a rank's arrays cannot fit.
-
-    A rank holds its float32 parameters, the optimizer's moments (one array
-    per parameter each) and the training graph's planned live set. The
-    simulated ranks of a cpu run share the host, so each gets its share of
-    the host's memory unless ``SEXPGPU_MEMORY`` sets the budget per rank.
-    """
-    from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
-    from sexpgpu.train.optim import OPTIMIZERS
-
-    budget = detect_budget("cpu", memory)
-    if memory is None and ranks > 1:
-        budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")
-    params = 4 * int(program.param_count)
-    moments = len(getattr(OPTIMIZERS.get(settings.optimizer.name), "moments", ()))
-    plan = MemoryPlan(
-        budget,
-        {
-            "parameters": params,
-            "optimizer": moments * params,
-            "activations": int(program.planned_peak_bytes),
-        },
-    )
-    plan.check(hint="shrink the model's sizes")
 
 
 def prepare_run(
@@ -116,10 +86,14 @@ def prepare_run(
     storage_options
         fsspec options for remote checkpoint locations.
     """
-    from sexpgpu.devices.program import compile_run
+    from sexpgpu.devices.base import get_device
+    from sexpgpu.devices.optim import OPTIMIZERS
+    from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
 
-    devices, memory = _devices(device, os.environ if environ is None else environ)
+    config = _config(device, os.environ if environ is None else environ)
+    backend = get_device(config.device)
+    devices = [str(d) for d in config.local_devices]
     experiment = load_experiment(path, variant)
     rundef = experiment.run(run)
     if steps is not None and not 1 <= steps < 2**63:  # the file's :steps has the same bounds
@@ -130,15 +104,16 @@ def prepare_run(
             hint="give the number of optimizer steps, e.g. --steps 200",
         )
     settings = RunSettings.from_run(rundef, steps)
-    first = compile_run(experiment, rundef)  # errors surface before any thread starts
-    _check_trainable(first, rundef)
-    _check_memory(first, settings, len(devices), memory)
-    programs = {0: first}
+    compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
+    _check_trainable(compiled, rundef)
+    moments = len(getattr(OPTIMIZERS.get(settings.optimizer.name), "moments", ()))
+    plan = backend.plan(compiled, moments=moments, ranks=len(devices), memory=config.memory)
+    plan.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
+    local = config.local_devices
 
     def make_program(rank: int) -> Any:
-        return programs.pop(rank) if rank in programs else compile_run(experiment, rundef)
+        return backend.load(compiled, local[rank])
 
-    model = experiment.models[rundef.model]
     return Trainer(
         make_program,
         experiment.data[rundef.data],
@@ -146,7 +121,9 @@ def prepare_run(
         Path(out) if out is not None else Path("runs") / rundef.name,
         experiment_hash=experiment_hash(experiment, rundef.name),
         devices=devices,
-        model_inputs=[getattr(s, "name", str(s)) for s in model.inputs],
+        target=compiled.target,
+        plan=plan,
+        report=backend.report(compiled, plan),
         resume=resume,
         on_step=on_step,
         storage_options=storage_options,

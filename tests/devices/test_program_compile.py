@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sexpgpu.devices.program import compile_run
+from sexpgpu.devices.cpu_device import CpuKernels
+from sexpgpu.ir.compile import compile_run
 from sexpgpu.lang import load_experiment_text
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -20,6 +21,10 @@ def mlp_program(dtype: str = "f32", batch: int = 64):
     )
     experiment = load_experiment_text(text, "mlp.lisp")
     return compile_run(experiment, experiment.run())
+
+
+def mlp_kernels(dtype: str = "f32", batch: int = 64) -> CpuKernels:
+    return CpuKernels(mlp_program(dtype, batch))
 
 
 def digits_batch(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -62,19 +67,19 @@ def test_flops_count_forward_and_backward_products() -> None:
 
 
 def test_train_step_gives_the_loss_and_float32_gradients() -> None:
-    program = mlp_program()
+    program = mlp_kernels()
     params = program.init_params(0)
     loss, grads = program.train_step(params, digits_batch(64))
     assert isinstance(loss, float) and 1.5 < loss < 3.5
     assert set(grads) == set(program.params)
     for name, g in grads.items():
         assert g.dtype == np.float32 and g.shape == program.params[name].shape
-    assert program.planned_peak_bytes >= 4 * program.param_count
+    assert program.planned_peak_bytes >= 4 * program.compiled.param_count
     assert 0 < program.last_peak_bytes <= 2 * program.planned_peak_bytes
 
 
 def test_gradient_matches_finite_differences() -> None:
-    program = mlp_program(batch=4)
+    program = mlp_kernels(batch=4)
     params = program.init_params(1)
     batch = digits_batch(4, seed=2)
     _, grads = program.train_step(params, batch)
@@ -95,7 +100,7 @@ def test_gradient_matches_finite_differences() -> None:
 
 
 def test_eval_step_gives_the_models_output() -> None:
-    program = mlp_program(batch=8)
+    program = mlp_kernels(batch=8)
     params = program.init_params(0)
     batch = digits_batch(8)
     loss, logits = program.eval_step(params, batch)
@@ -107,7 +112,7 @@ def test_eval_step_gives_the_models_output() -> None:
 
 
 def test_bf16_run_is_close_to_f32_with_f32_gradients() -> None:
-    f32, bf16 = mlp_program("f32"), mlp_program("bf16")
+    f32, bf16 = mlp_kernels("f32"), mlp_kernels("bf16")
     params, batch = f32.init_params(0), digits_batch(64)
     loss32, grads32 = f32.train_step(params, batch)
     loss16, grads16 = bf16.train_step(params, batch)
@@ -119,7 +124,7 @@ def test_bf16_run_is_close_to_f32_with_f32_gradients() -> None:
 
 
 def test_sgd_on_the_program_lowers_the_loss() -> None:
-    program = mlp_program(batch=32)
+    program = mlp_kernels(batch=32)
     params = program.init_params(0)
     batch = digits_batch(32)
     first, _ = program.train_step(params, batch)
@@ -143,7 +148,7 @@ def test_gpt_flops_follow_the_model_flops_formula() -> None:
 
 
 def test_activation_rms_of_every_call() -> None:
-    program = mlp_program(batch=8)
+    program = mlp_kernels(batch=8)
     params, batch = program.init_params(0), digits_batch(8)
     rms = program.activation_rms(params, batch)
     hidden = batch["x"] @ params["mlp/linear/weight"] + params["mlp/linear/bias"]

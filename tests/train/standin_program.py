@@ -1,4 +1,6 @@
-"""Small NumPy programs that follow the TrainingProgram contract, for the run-loop tests.
+"""Small NumPy kernels that follow the `Kernels` contract of `sexpgpu.devices.state`.
+
+For the run-loop tests.
 
 They stand in for `compile_run` so that the loop, optimizers and checkpoints
 are tested on their own: an MLP classifier (fields ``x``, ``y``) and a bigram
@@ -12,6 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sexpgpu.devices.state import TrainState
+
+
+def on_cpu(kernels) -> TrainState:
+    """A stand-in's `Program`: its state in NumPy arrays, as the cpu device keeps it."""
+    return TrainState(kernels)
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ def _softmax_xent(logits: np.ndarray, target: np.ndarray) -> tuple[float, np.nda
 class Mlp:
     """logits = tanh(x @ w1 + b1) @ w2 + b2; cross-entropy with y."""
 
+    has_activations = False
+
     def __init__(self, features: int = 64, hidden: int = 32, classes: int = 10, batch: int = 16):
         self.params = {
             "mlp/w1": ParamInfo((features, hidden)),
@@ -111,6 +122,8 @@ class Mlp:
 
 class Bigram:
     """logits = table[tokens]; cross-entropy with next."""
+
+    has_activations = False
 
     def __init__(self, vocab: int = 256, batch: int = 4, seq: int = 16):
         self.params = {"bigram/table": ParamInfo((vocab, vocab))}

@@ -120,7 +120,7 @@ def test_s3_locations_round_trip_and_fall_back(s3_endpoint):
 
 
 def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
-    from standin_program import Data, Mlp, Spec
+    from standin_program import Data, Mlp, Spec, on_cpu
 
     from sexpgpu.train.loop import Trainer
     from sexpgpu.train.settings import RunSettings
@@ -138,7 +138,7 @@ def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
             checkpoint_location=f"s3://sexpgpu-ckpt/{out}",
         )
         return Trainer(
-            lambda r: Mlp(batch=8),
+            lambda r: on_cpu(Mlp(batch=8)),
             Data("d", "digits", options={"split": 0.9}),
             s,
             tmp_path / out,

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from run_reference import series
 from sigkill_helpers import kill_at_step
-from standin_program import Data, Mlp, Spec
+from standin_program import Data, Mlp, Spec, on_cpu
 
 from sexpgpu.train.loop import Trainer
 from sexpgpu.train.settings import RunSettings
@@ -36,7 +36,7 @@ def trainer(run_dir: Path, resume: str | None = None) -> Trainer:
     )
     data = Data("digits", "digits", options={"split": 0.9})
     return Trainer(
-        lambda r: Mlp(batch=16), data, settings, run_dir, experiment_hash="h", resume=resume
+        lambda r: on_cpu(Mlp(batch=16)), data, settings, run_dir, experiment_hash="h", resume=resume
     )
 
 

@@ -3,9 +3,10 @@ import json
 import numpy as np
 import pytest
 from run_reference import series, torch_mlp_losses
-from standin_program import Bigram, Data, Diagnostic, Mlp, Spec
+from standin_program import Bigram, Data, Diagnostic, Mlp, Spec, on_cpu
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.runtime.memory import MemoryPlan, detect_budget
 from sexpgpu.train.data import make_loader
 from sexpgpu.train.loop import Trainer
 from sexpgpu.train.metrics import read_metrics
@@ -24,13 +25,14 @@ def _settings(**kw):
 
 def _trainer(tmp_path, settings, devices=("cpu:0",), name="run", **kw):
     return Trainer(
-        lambda rank: Mlp(batch=settings.batch),
+        lambda rank: on_cpu(Mlp(batch=settings.batch)),
         DIGITS,
         settings,
         tmp_path / name,
         experiment_hash="hash-1",
         devices=devices,
-        model_inputs=("x",),
+        target="y",
+        plan=MemoryPlan(detect_budget("cpu"), {"activations": Mlp().planned_peak_bytes}),
         **kw,
     )
 
@@ -94,7 +96,7 @@ def test_resume_guards_experiment_and_rank_count(tmp_path):
     assert info.value.code == "E-DP-002"
     assert "written by 1 device(s)" in info.value.message
     other = Trainer(
-        lambda r: Mlp(batch=16),
+        lambda r: on_cpu(Mlp(batch=16)),
         DIGITS,
         _settings(steps=4, **ck),
         tmp_path / "run",
@@ -156,12 +158,12 @@ def test_a_token_stream_trains_below_uniform(tmp_path):
     )
     text = Data("text", "python-stdlib", options={"seq": 32, "split": 0.9})
     summary = Trainer(
-        lambda r: Bigram(batch=8, seq=32),
+        lambda r: on_cpu(Bigram(batch=8, seq=32)),
         text,
         s,
         tmp_path / "lm",
         experiment_hash="h",
-        model_inputs=("tokens",),
+        target="next",
     ).run()
     assert summary.eval_loss < np.log(256) - 1.5
 
@@ -174,9 +176,10 @@ def test_a_diverging_loss_is_e_train_002(tmp_path):
 
     s = _settings(steps=3)
     with pytest.raises(SexpgpuError) as info:
-        Trainer(lambda r: Nan(batch=16), DIGITS, s, tmp_path / "nan", experiment_hash="h").run()
+        nan = Trainer(lambda r: on_cpu(Nan(batch=16)), DIGITS, s, tmp_path / "n", experiment_hash="h")
+        nan.run()
     assert info.value.code == "E-TRAIN-002"
-    assert json.loads((tmp_path / "nan" / "status.json").read_text())["state"] == "failed"
+    assert json.loads((tmp_path / "n" / "status.json").read_text())["state"] == "failed"
 
 
 def test_ranks_whose_parameters_differ_write_no_checkpoint(tmp_path):
@@ -190,7 +193,7 @@ def test_ranks_whose_parameters_differ_write_no_checkpoint(tmp_path):
 
     s = _settings(steps=2, microbatches=2, checkpoint_every=2, checkpoint_location="ck")
     trainer = Trainer(
-        lambda rank: Skewed(rank, batch=16),
+        lambda rank: on_cpu(Skewed(rank, batch=16)),
         DIGITS,
         s,
         tmp_path / "skew",

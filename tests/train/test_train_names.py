@@ -1,7 +1,8 @@
 """The language and the trainer keep separate tables of the names users type: they must agree."""
 
 from sexpgpu.lang import runs
-from sexpgpu.train import metrics, optim, rank, schedules
+from sexpgpu.devices import optim
+from sexpgpu.train import metrics, rank, schedules
 
 
 def test_the_language_reads_what_the_trainer_runs():

@@ -5,8 +5,8 @@ import pytest
 import torch
 from standin_program import Spec
 
+from sexpgpu.devices.optim import clip_by_global_norm, global_norm, make_optimizer
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.train.optim import clip_by_global_norm, global_norm, make_optimizer
 from sexpgpu.train.schedules import make_schedule
 
 SHAPES = {"w": (5, 3), "b": (3,)}

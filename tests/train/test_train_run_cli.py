@@ -62,7 +62,7 @@ def test_ten_compiled_steps_equal_pytorch(tmp_path):
     run_experiment(path, out=tmp_path / "run")
     ours = series(tmp_path / "run", "train/loss")
 
-    from sexpgpu.devices.program import compile_run
+    from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
 
     experiment = load_experiment(path)

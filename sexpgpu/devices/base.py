@@ -1,0 +1,164 @@
+"""The device interface that `sexpgpu.train` is written against, and the registry of devices.
+
+A `Device` (``cpu``, ``cuda``) plans a run's memory before anything is
+allocated and loads a `CompiledRun` into one `Program` per rank. The
+program owns the rank's state on the device (parameters, optimizer moments,
+the gradient buffers) and does every step's arithmetic there::
+
+    program.start(optimizer, seed=..., state=None | HostState)
+    for each step:
+        for each microbatch: program.accumulate(batch)   # gradients summed on the device
+        loss = program.reduce(ctx)                        # the group's all-reduce, the mean
+        norm = program.update(lr, clip)                   # clip, optimizer, on the device
+    program.evaluate(batch, target) ; program.host_state()  # eval; checkpoints, digests
+
+The host sees only the loss, metrics and checkpoints. Devices are looked up
+by the names users type; each entry is imported on first use, so ``cpu``
+never imports PyTorch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from sexpgpu.ir.compile import CompiledRun, ParamInfo
+from sexpgpu.runtime.devices import Device as DeviceId
+from sexpgpu.runtime.memory import MemoryPlan
+
+__all__ = [
+    "DEVICES",
+    "Device",
+    "EvalResult",
+    "HostState",
+    "Program",
+    "get_device",
+]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One evaluation microbatch: its loss, and argmax hits over `count` targets (0 without)."""
+
+    loss: float
+    correct: int = 0
+    count: int = 0
+
+
+@dataclass
+class HostState:
+    """A rank's state on the host, as checkpoints hold it.
+
+    Attributes
+    ----------
+    params
+        Parameter name -> float32 array.
+    moments
+        The optimizer's moments, ``"<moment>/<param>"`` -> float32 array.
+    optimizer
+        The optimizer's JSON-able scalars (name, step count, options).
+    """
+
+    params: dict[str, np.ndarray]
+    moments: dict[str, np.ndarray] = field(default_factory=dict)
+    optimizer: dict[str, Any] = field(default_factory=dict)
+
+
+class Program(Protocol):
+    """One rank's run on a device: its state and its step (see the module docstring)."""
+
+    params: Mapping[str, ParamInfo]
+    events: list[str]  # ``memory: allocation failed ...`` lines not yet recorded
+
+    def start(self, optimizer: Any, *, seed: int, state: HostState | None) -> None:
+        """Make the parameters from `seed` (or load `state`) and the optimizer, on the device."""
+        ...
+
+    def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
+        """Run the training graph on one microbatch; add its loss and gradients to the buffers."""
+        ...
+
+    def local_grad_norm(self) -> float:
+        """The global norm of this rank's summed gradients over its microbatches, per microbatch."""
+        ...
+
+    def reduce(self, ctx: Any, microbatches: int) -> float:
+        """Sum the buffers over the group (`ctx.all_reduce`), divide by `microbatches`.
+
+        Returns the mean loss; the buffers then hold the mean gradients.
+        """
+        ...
+
+    def update(self, lr: float, clip: float | None) -> float:
+        """Clip the mean gradients (when `clip`), step the optimizer; return the norm before."""
+        ...
+
+    def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:
+        """The evaluation graph's loss on `batch`, and argmax accuracy against field `target`."""
+        ...
+
+    @property
+    def has_activations(self) -> bool:
+        """Whether `activation_rms` can sample the model's calls."""
+        ...
+
+    def activation_rms(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Root mean square of each call's result on `batch`, keyed by path."""
+        ...
+
+    def host_state(self) -> HostState:
+        """Parameters and optimizer state copied to the host."""
+        ...
+
+    def take_peak(self) -> int:
+        """The most bytes held at once since the last call (the allocator's high-water mark)."""
+        ...
+
+
+class Device(Protocol):
+    """A kind of device users name (``cpu``, ``cuda``): plans, reports and loads runs."""
+
+    name: str
+
+    def plan(
+        self, compiled: CompiledRun, *, moments: int, ranks: int, memory: int | None
+    ) -> MemoryPlan:
+        """The most one rank holds at once, by part, before any initializer runs.
+
+        Parameters
+        ----------
+        compiled
+            The run.
+        moments
+            Arrays the optimizer keeps per parameter (2 for adamw).
+        ranks
+            Ranks on this node (simulated cpu ranks share the host's memory).
+        memory
+            ``SEXPGPU_MEMORY`` per device, or None to detect it.
+        """
+        ...
+
+    def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
+        """The lowering report: device, patterns matched and where, kernels, the plan."""
+        ...
+
+    def load(self, compiled: CompiledRun, where: DeviceId) -> Program:
+        """A `Program` of `compiled` on device `where` (one per rank)."""
+        ...
+
+
+# The names users type -> where the device's class lives (imported on first use).
+DEVICES: dict[str, str] = {
+    "cpu": "sexpgpu.devices.cpu_device:CpuDevice",
+    "cuda": "sexpgpu.devices.cuda.device:CudaDevice",
+}
+
+
+def get_device(name: str) -> Device:
+    """The device users call `name` (``cpu`` or ``cuda``), its module imported now."""
+    module, _, attr = DEVICES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)()

@@ -1,0 +1,107 @@
+"""The ``cpu`` device: a `CompiledRun` on the IR interpreter, state in NumPy arrays.
+
+`CpuKernels` plans the training, evaluation and (on first use) activation
+graphs on the interpreter (`sexpgpu.devices.cpu.CpuProgram`); `CpuDevice`
+plans memory against the host and hands each rank a
+`sexpgpu.devices.state.TrainState` over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from sexpgpu.devices.cpu import CpuProgram
+from sexpgpu.devices.state import TrainState
+from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
+from sexpgpu.runtime.devices import Device as DeviceId
+from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
+
+__all__ = ["CpuDevice", "CpuKernels"]
+
+
+class CpuKernels:
+    """A run's graphs planned on the interpreter (the `Kernels` of the cpu device)."""
+
+    has_activations = True
+
+    def __init__(self, compiled: CompiledRun) -> None:
+        self.compiled = compiled
+        self.params = compiled.params
+        self._train = CpuProgram(compiled.train_graph)
+        self._eval = CpuProgram(compiled.eval_graph)
+        self._activations: CpuProgram | None = None
+        self.planned_peak_bytes = self._train.planned_peak_bytes
+        self.last_peak_bytes = 0
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        return self.compiled.init_params(seed)
+
+    def train_step(
+        self, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> tuple[float, dict[str, np.ndarray]]:
+        out = self._run(self._train, params, batch)
+        grads = {name: _f32(out[GRAD_PREFIX + name]) for name in self.params}
+        return float(out["loss"]), grads
+
+    def eval_step(
+        self, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> tuple[float, np.ndarray]:
+        out = self._run(self._eval, params, batch)
+        return float(out["loss"]), out.get("output", np.zeros(0, np.float32))
+
+    def activation_rms(
+        self, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
+        if self._activations is None:
+            self._activations = CpuProgram(self.compiled.activation_graph)
+        out = self._run(self._activations, params, batch)
+        return {path: float(value) for path, value in out.items()}
+
+    def _run(
+        self, program: CpuProgram, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        feeds = dict(batch)
+        feeds.update(params)
+        out = program(feeds)
+        self.last_peak_bytes = program.last_peak_bytes
+        return out
+
+
+def _f32(array: np.ndarray) -> np.ndarray:
+    return array if array.dtype == np.float32 else array.astype(np.float32)
+
+
+class CpuDevice:
+    """The ``cpu`` device (see the module docstring)."""
+
+    name = "cpu"
+
+    def plan(
+        self, compiled: CompiledRun, *, moments: int, ranks: int, memory: int | None
+    ) -> MemoryPlan:
+        """Parameters, optimizer moments and the training graph's live set, per rank.
+
+        The simulated ranks of a cpu run share the host, so each gets its
+        share of the host's memory unless ``SEXPGPU_MEMORY`` sets the budget
+        per rank. The live set includes the gradients (graph outputs).
+        """
+        budget = detect_budget("cpu", memory)
+        if memory is None and ranks > 1:
+            budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")
+        params = 4 * compiled.param_count
+        live = CpuProgram(compiled.train_graph).planned_peak_bytes
+        parts = {"parameters": params, "optimizer": moments * params, "activations": live}
+        return MemoryPlan(budget, parts)
+
+    def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
+        """The device, and the plan: the interpreter matches no patterns."""
+        nodes = len(compiled.train_graph.nodes())
+        return [
+            f"device: cpu (the IR interpreter, {nodes} nodes in the training graph)",
+            plan.line(),
+        ]
+
+    def load(self, compiled: CompiledRun, where: DeviceId) -> TrainState:
+        return TrainState(CpuKernels(compiled))

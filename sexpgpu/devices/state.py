@@ -1,0 +1,187 @@
+"""`TrainState`: one rank's parameters, gradient buffers and optimizer, on any device.
+
+The device-side half of the step, written once over a backend's `Kernels`
+(the compiled graphs, run on the device) and `ArrayOps` (its arrays): the
+cpu device passes NumPy, the cuda device PyTorch tensors on its GPU. It is
+the `sexpgpu.devices.base.Program` every device returns.
+
+Allocation failures in a training step go through `sexpgpu.runtime.oom`:
+the caches are released and the step retried once, and the
+``memory: allocation failed`` line is kept in `events` for the run's
+annotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+from sexpgpu.devices.arrays import NUMPY, ArrayOps
+from sexpgpu.devices.base import EvalResult, HostState
+from sexpgpu.devices.optim import Optimizer, clip_by_global_norm, global_norm, make_optimizer
+from sexpgpu.ir.compile import ParamInfo
+from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry, release_caches
+
+__all__ = ["Kernels", "TrainState"]
+
+
+class Kernels(Protocol):
+    """A run's graphs on one device: what `TrainState` calls.
+
+    Parameters and gradients are the backend's float32 arrays keyed by path
+    name; batches arrive as host NumPy arrays (the kernels upload them).
+    """
+
+    params: Mapping[str, ParamInfo]
+    has_activations: bool
+    last_peak_bytes: int  # the most bytes the last call held at once
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        """Initial parameters on the host (the same on every device)."""
+        ...
+
+    def train_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
+        """``(loss, grads)`` of one microbatch; the loss may stay on the device."""
+        ...
+
+    def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
+        """``(loss, output)`` of one microbatch."""
+        ...
+
+    def activation_rms(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
+        """Each call's root mean square on `batch`."""
+        ...
+
+
+class TrainState:
+    """A `Program` over `kernels` and `xp` (see `sexpgpu.devices.base`).
+
+    Parameters
+    ----------
+    kernels
+        The run's graphs on the device.
+    xp
+        The device's arrays.
+    release
+        Frees the device's caches before a retry.
+    inject
+        Simulated allocation failures, for tests: checked before each training step.
+    """
+
+    def __init__(
+        self,
+        kernels: Kernels,
+        xp: ArrayOps = NUMPY,
+        *,
+        release=release_caches,
+        inject: FailureInjector | None = None,
+    ) -> None:
+        self.kernels, self.xp = kernels, xp
+        self.params: Mapping[str, ParamInfo] = kernels.params
+        self.values: dict[str, Any] = {}  # parameter arrays on the device
+        self.optimizer: Optimizer | None = None
+        self.events: list[str] = []
+        self._split = SplitState()
+        self._release, self._inject = release, inject
+        self._grads: dict[str, Any] | None = None
+        self._loss: Any = 0.0
+        self._count = 0
+        self._peak = 0
+
+    # -- state -----------------------------------------------------------------------------
+
+    def start(self, optimizer: Any, *, seed: int, state: HostState | None) -> None:
+        xp = self.xp
+        self.optimizer = make_optimizer(
+            optimizer,
+            {k: info.shape for k, info in self.params.items()},
+            {k: info.decay for k, info in self.params.items()},
+            xp,
+        )
+        host = self.kernels.init_params(seed) if state is None else state.params
+        self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in self.params}
+        if state is not None:
+            self.optimizer.load(state.moments, state.optimizer)
+
+    def host_state(self) -> HostState:
+        assert self.optimizer is not None, "start() first"
+        download = self.xp.download
+        return HostState(
+            {k: download(v) for k, v in self.values.items()},
+            {k: download(v) for k, v in self.optimizer.tensors().items()},
+            self.optimizer.scalars(),
+        )
+
+    # -- the step --------------------------------------------------------------------------
+
+    def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
+        loss, grads = call_with_retry(
+            lambda: self._train(batch), self._split, what="training step", release=self._release
+        )
+        self._peak = max(self._peak, int(self.kernels.last_peak_bytes))
+        self._loss = self._loss + loss
+        self._count += 1
+        if self._grads is None:
+            self._grads = dict(grads)  # the first microbatch's outputs become the buffers
+        else:
+            for k, g in grads.items():
+                self._grads[k] += g
+        self._take_events()
+
+    def _train(self, batch: Mapping[str, np.ndarray]) -> Any:
+        if self._inject is not None:
+            self._inject.check()
+        return self.kernels.train_step(self.values, batch)
+
+    def local_grad_norm(self) -> float:
+        assert self._grads is not None, "accumulate() first"
+        return global_norm(self._grads, self.xp) / self._count
+
+    def reduce(self, ctx: Any, microbatches: int) -> float:
+        assert self._grads is not None, "accumulate() first"
+        total = {"loss": np.float64(self._loss), "grads": self._grads}
+        if ctx.size > 1:
+            total = ctx.all_reduce(total)
+        self._grads = total["grads"]
+        for g in self._grads.values():
+            g /= microbatches
+        return float(total["loss"]) / microbatches
+
+    def update(self, lr: float, clip: float | None) -> float:
+        assert self._grads is not None and self.optimizer is not None
+        if clip is not None:
+            norm = clip_by_global_norm(self._grads, float(clip), self.xp)
+        else:
+            norm = global_norm(self._grads, self.xp)
+        self.optimizer.step(self.values, self._grads, lr)
+        self._grads, self._loss, self._count = None, 0.0, 0
+        return norm
+
+    # -- evaluation and diagnostics ----------------------------------------------------------
+
+    def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:
+        loss, output = self.kernels.eval_step(self.values, batch)
+        if target is None:
+            return EvalResult(float(loss))
+        truth = batch[target]
+        return EvalResult(float(loss), self.xp.argmax_hits(output, truth), int(truth.size))
+
+    @property
+    def has_activations(self) -> bool:
+        return bool(self.kernels.has_activations)
+
+    def activation_rms(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        return self.kernels.activation_rms(self.values, batch)
+
+    def take_peak(self) -> int:
+        peak, self._peak = self._peak, 0
+        return peak
+
+    def _take_events(self) -> None:
+        if self._split.events:
+            self.events += self._split.events
+            self._split.events.clear()

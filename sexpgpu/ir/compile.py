@@ -1,0 +1,206 @@
+"""From a run of an experiment to the graphs a device runs: `compile_run` -> `CompiledRun`.
+
+The way through, once per run and with no device in sight: trace the run's
+loss (and the model) into IR (`sexpgpu.ir.trace`), differentiate it with
+respect to every parameter (`sexpgpu.ir.autodiff`), and run the graph passes
+with the verifier between them:
+
+* the training graph gives ``loss`` and every parameter's ``grad/<name>``;
+* the evaluation graph gives ``loss`` and the model's ``output``;
+* the activation graph (built on first use) gives each call's root mean
+  square, for the activation-rms diagnostic.
+
+A device receives the `CompiledRun` (``device.load``), never the experiment.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from sexpgpu.ir import builder as b
+from sexpgpu.ir.autodiff import training_graph
+from sexpgpu.ir.dtypes import FLOATS, DType
+from sexpgpu.ir.node import Graph, Node, topological_order
+from sexpgpu.ir.ops import Op
+from sexpgpu.ir.passes import optimize
+from sexpgpu.ir.trace import Trace, trace_run
+from sexpgpu.ir.trace_init import Init, draw, param_rng
+from sexpgpu.ir.verify import verify
+from sexpgpu.lang import Experiment, RunDef
+
+__all__ = ["GRAD_PREFIX", "CompiledRun", "ParamInfo", "compile_run", "matmul_flops"]
+
+log = logging.getLogger(__name__)
+
+GRAD_PREFIX = "grad/"
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """A parameter: its shape, storage dtype (f32), initializer, and whether weight decay applies.
+
+    `decay` is False for parameters of fewer than two axes (biases, norm
+    scales), as LANGUAGE.md asks of weight decay.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    init: Init
+    decay: bool
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+
+def matmul_flops(graph: Graph) -> int:
+    """Floating-point operations of the graph's matrix products.
+
+    ``2 M N K`` per matmul; fused attention over ``[.. S D]`` counts its two
+    products, ``4 S S D`` per head, and its gradient the four of the
+    backward, ``8 S S D`` (the causal mask is not discounted, the recomputed
+    weights not counted: the usual model-FLOPs convention).
+    """
+    total = 0
+    for node in graph.nodes():
+        if node.op is Op.MATMUL:
+            total += 2 * node.size * node.inputs[0].shape[-1]
+        elif node.op in (Op.ATTENTION, Op.ATTENTION_GRAD):
+            q = node.inputs[0]
+            per_head = 4 if node.op is Op.ATTENTION else 8
+            total += per_head * q.size * q.shape[-2]  # (.. S D) * S
+    return total
+
+
+class CompiledRun:
+    """One run, traced, differentiated and optimized: what every device receives.
+
+    Attributes
+    ----------
+    name
+        The run's name.
+    params
+        Path name -> `ParamInfo`, in the order the model makes them.
+    inputs
+        Data field -> (per-microbatch shape, dtype), e.g. ``tokens -> ((8, 64), 'int32')``.
+    train_graph, eval_graph
+        The optimized graphs (``loss`` and ``grad/<name>``; ``loss`` and ``output``).
+    flops_per_step
+        Matrix-product FLOPs of one microbatch, forward and backward.
+    target
+        The data field that eval accuracy compares the output's argmax with:
+        an integer field the model does not read whose shape is the output's
+        without its last axis; None when there is none.
+    trainable
+        Whether some parameter reaches the loss.
+    """
+
+    def __init__(
+        self, name: str, trace: Trace, train_graph: Graph, eval_graph: Graph, model_inputs
+    ) -> None:
+        self.name = name
+        self._trace = trace
+        self.train_graph = train_graph
+        self.eval_graph = eval_graph
+        self.params: Mapping[str, ParamInfo] = {
+            key: ParamInfo(spec.shape, "f32", spec.init, len(spec.shape) >= 2)
+            for key, spec in trace.params.items()
+        }
+        self.inputs: Mapping[str, tuple[tuple[int, ...], str]] = {
+            key: (node.shape, str(node.dtype)) for key, node in trace.inputs.items()
+        }
+        self.flops_per_step = matmul_flops(train_graph)
+        self.target = _target_field(trace, tuple(model_inputs))
+        self.trainable = any(n.op is Op.PARAM for n in topological_order([trace.loss]))
+
+    @property
+    def param_count(self) -> int:
+        """Number of parameter elements."""
+        return sum(info.size for info in self.params.values())
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        """Initial parameters, float32 on the host, deterministic from `seed`.
+
+        Each parameter draws from its own stream, derived from the seed and
+        its path name (`sexpgpu.ir.trace_init.param_rng`), so every device and
+        rank starts from the same numbers.
+        """
+        return {
+            key: draw(info.init, info.shape, param_rng(seed, key))
+            for key, info in self.params.items()
+        }
+
+    @cached_property
+    def activation_graph(self) -> Graph:
+        """Each call's root mean square on one microbatch, keyed by its path.
+
+        The calls are the model (``gpt``), each defn call (``gpt/block.3``)
+        and each layer (``gpt/block.3/attention``).
+        """
+        trace = self._trace
+        outputs = {path: _rms(node) for path, node in trace.activations.items()}
+        leaves = [*trace.inputs.values(), *trace.param_nodes.values()]
+        return optimize(Graph.of(outputs, leaves), check=verify)
+
+
+def _target_field(trace: Trace, model_inputs: tuple[str, ...]) -> str | None:
+    output = trace.output
+    if output is None or output.dtype not in FLOATS or len(output.shape) < 2:
+        return None
+    for key, node in trace.inputs.items():
+        fits = node.dtype is DType.INT32 and node.shape == output.shape[:-1]
+        if fits and key not in model_inputs:
+            return key
+    return None
+
+
+def _rms(node: Node) -> Node:
+    """``sqrt(mean(x * x))`` in f32."""
+    x = node if node.dtype == DType.F32 else b.cast(node, DType.F32, span=node.span)
+    total = b.sum(b.mul(x, x, span=x.span), None, span=x.span)
+    mean = b.mul(total, b.constant(1.0 / max(x.size, 1), DType.F32, span=x.span), span=x.span)
+    return b.sqrt(mean, span=x.span)
+
+
+def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
+    """Trace, differentiate and optimize `run`.
+
+    Parameters
+    ----------
+    experiment
+        The loaded experiment (variant applied).
+    run
+        The run to compile; its ``:batch`` sets the microbatch rows and its
+        ``:dtype`` the compute dtype.
+
+    Raises
+    ------
+    SexpgpuError
+        E-TRACE-*, E-SHAPE-* or E-DATA-* for models that do not trace.
+    """
+    trace = trace_run(experiment, run)
+    leaves = [*trace.inputs.values(), *trace.param_nodes.values()]
+    forward = Graph.of({"loss": trace.loss}, leaves)
+    train = optimize(training_graph(forward, "loss", GRAD_PREFIX), check=verify)
+    outputs = {"loss": trace.loss}
+    if trace.output is not None:
+        outputs["output"] = trace.output
+    evaluation = optimize(Graph.of(outputs, leaves), check=verify)
+    model = experiment.models[run.model]
+    model_inputs = [getattr(s, "name", str(s)) for s in model.inputs]
+    compiled = CompiledRun(run.name, trace, train, evaluation, model_inputs)
+    log.info(
+        "compiled %s: %d parameters, %d nodes, %.3g FLOPs per microbatch",
+        run.name,
+        compiled.param_count,
+        len(train.nodes()),
+        compiled.flops_per_step,
+    )
+    return compiled

@@ -14,14 +14,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from sexpgpu.runtime.oom import FailureInjector
+
 from .args import check_chi_out, check_cutoff, check_device, check_resources, sketch_size
+from .engine import backends_for, execute
 from .exact import exact_two_sites
-from .resources import Resources, resolve_host_budget
+from .resources import Resources
+from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
-from .sweep import sweep
 from .trains import Stack, normalize_stack, unpad
 
-__all__ = ["apply", "compress", "src"]
+__all__ = ["apply", "compress", "run_stack", "src"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ logger = logging.getLogger(__name__)
 MIN_SWEEP_SITES = 3
 
 
-def _run(
+def run_stack(
     fn: str,
     trains: Sequence[Any],
     names: Sequence[str],
@@ -40,13 +43,24 @@ def _run(
     seed: object,
     device: object,
     resources: object,
-) -> list[np.ndarray]:
-    """Validate every argument, then run the exact path or the sweep."""
+    out: object = None,
+    *,
+    backend: str | None = None,
+    inject: FailureInjector | None = None,
+) -> list[Any]:
+    """Validate every argument, then run the exact path or the sweep.
+
+    The engine behind `src`, `apply` and `compress`. Beside their arguments it
+    takes ``backend="torch"`` (on the CPU, run the GPU code path on PyTorch's
+    CPU device) and ``inject`` (a `FailureInjector` whose simulated
+    allocation failures the kernels meet), both for tests.
+    """
     chi = check_chi_out(fn, chi_out)
     cut = check_cutoff(fn, cutoff)
     size = sketch_size(fn, chi, oversample)
-    check_device(fn, device)
-    res = check_resources(fn, resources)
+    where = check_device(fn, device)
+    res = check_resources(fn, resources) or Resources()
+    check_out(fn, out)
     stack: Stack = normalize_stack(trains, fn, names)
     sketch = sketch_dtype(dtype, stack.dtype, fn)
     work = work_dtype(sketch, stack.dtype)
@@ -58,9 +72,14 @@ def _run(
             stack.n_sites,
         )
         cores = exact_two_sites([stack.read(0), stack.read(1)], chi, cut, work)
-        return unpad(cores, stack.kind)
+        if out is None:
+            return unpad(cores, stack.kind)
+        sink = DatasetSink(out, stack.n_sites, stack.kind)
+        for j, core in enumerate(cores):
+            sink.put(j, core)
+        return sink.result()
     logger.debug(
-        "%s: %d sites, %d layers, result %s, chi_out=%d, sketch=%d, dtype=%s",
+        "%s: %d sites, %d layers, result %s, chi_out=%d, sketch=%d, dtype=%s, device=%s",
         fn,
         stack.n_sites,
         len(stack.layers),
@@ -68,18 +87,20 @@ def _run(
         chi,
         size,
         work,
+        where,
     )
-    res = res or Resources()
-    cores = sweep(
+    return execute(
+        fn,
         stack,
         SketchSource(seed, size, sketch),
         work,
         cutoff=cut,
         truncate_to=chi if size > chi else None,
-        host_budget=resolve_host_budget(res),
-        scratch_dir=res.scratch_path,
+        resources=res,
+        backends=backends_for(fn, where, res, backend),
+        out=out,
+        inject=inject,
     )
-    return unpad(cores, stack.kind)
 
 
 def src(
@@ -91,7 +112,8 @@ def src(
     seed: int | np.random.Generator | None = None,
     device: str = "cpu",
     resources: Resources | None = None,
-) -> list[np.ndarray]:
+    out: object = None,
+) -> list[Any]:
     """Contract a stack of tensor trains and compress the product in one SRC sweep.
 
     Successive randomized compression (Camaño, Epperly and Tropp,
@@ -130,19 +152,26 @@ def src(
         sketch dtype promoted with the inputs'.
     seed : int or numpy.random.Generator, optional
         Seeds the sketches; the same seed gives the same result.
-    device : {"cpu", "gpu"}, default "cpu"
-        Where the sweep runs. ``"gpu"`` is reserved: it raises until the GPU
-        sweep lands.
+    device : {"cpu", "gpu", "cuda"}, default "cpu"
+        Where the sweep runs: NumPy on the host, or PyTorch on a GPU
+        (``"gpu"`` and ``"cuda"`` are the same). The result is NumPy either way.
     resources : Resources, optional
-        Host memory budget and scratch directory for the sweep.
+        Memory budgets (detected when unset), the scratch directory for
+        environments that do not fit, and the devices to split the sketch
+        columns over (``devices=2`` or ``[0, 1]``; simulated ranks on the CPU).
+    out : h5py or zarr group, or path, optional
+        Where to write the output cores as the sweep makes them (datasets
+        ``"0"``, ``"1"``, ... of the group, or ``0.npy``, ... in the
+        directory), so that an output larger than memory never sits in memory.
 
     Returns
     -------
-    list of numpy.ndarray
+    list of numpy.ndarray, or of datasets
         The compressed train in quimb's layout: right-canonical, or
         left-canonical (norm on the last site) after an oversampled sweep.
         Two-site stacks are contracted and truncated exactly (right-canonical),
-        with a logged warning.
+        with a logged warning. With ``out``, the datasets written there (or
+        read-only memmaps of the ``.npy`` files).
 
     Raises
     ------
@@ -153,16 +182,22 @@ def src(
         ``chi_out < 1``; ``cutoff`` outside ``[0, 1)``; ``oversample`` below 1
         or not finite; an empty stack or train; a closed boundary; bonds that
         disagree; trains of different lengths; physical legs that do not
-        join; one-site trains; an unknown device.
-    ImportError, RuntimeError, NotImplementedError
-        ``device="gpu"`` without torch, without CUDA, or with CUDA.
+        join; one-site trains; an unknown device; ``devices`` naming a GPU
+        that is not visible.
+    MemoryError
+        A budget of `Resources` (or the detected one) is smaller than the
+        sweep's working set; the message says by how much.
+    ImportError, RuntimeError
+        ``device="gpu"`` without torch, or without CUDA.
 
     Examples
     --------
     >>> psi2 = src(U2, U1, psi, chi_out=64, seed=0)  # U2 U1 |psi>  # doctest: +SKIP
     """
     names = [f"trains[{i}]" for i in range(len(trains))]
-    return _run("src", trains, names, chi_out, cutoff, oversample, dtype, seed, device, resources)
+    return run_stack(
+        "src", trains, names, chi_out, cutoff, oversample, dtype, seed, device, resources, out
+    )
 
 
 def apply(
@@ -176,7 +211,8 @@ def apply(
     seed: int | np.random.Generator | None = None,
     device: str = "cpu",
     resources: Resources | None = None,
-) -> list[np.ndarray]:
+    out: object = None,
+) -> list[Any]:
     """Apply an MPO to an MPS or an MPO and compress the product by SRC.
 
     ``apply(A, B, chi_out)`` is ``src(A, B, chi_out=chi_out)`` with an MPO on the
@@ -192,7 +228,7 @@ def apply(
         The MPS or MPO ``B``.
     chi_out : int
         The largest bond dimension of the result.
-    cutoff, oversample, dtype, seed, device, resources
+    cutoff, oversample, dtype, seed, device, resources, out
         As in `src`.
 
     Returns
@@ -214,7 +250,7 @@ def apply(
             f"got a first site of rank {first}; for an MPS on the left use "
             "src(phi, mpo, chi_out=...)."
         )
-    return _run(
+    return run_stack(
         "apply",
         (left_tensor, right_tensor),
         ("left_tensor", "right_tensor"),
@@ -225,6 +261,7 @@ def apply(
         seed,
         device,
         resources,
+        out,
     )
 
 
@@ -238,7 +275,8 @@ def compress(
     seed: int | np.random.Generator | None = None,
     device: str = "cpu",
     resources: Resources | None = None,
-) -> list[np.ndarray]:
+    out: object = None,
+) -> list[Any]:
     """Compress one MPS or MPO to bond dimension ``chi_out`` by SRC.
 
     ``compress(T, chi_out)`` is ``src(T, chi_out=chi_out)`` (Camaño, Epperly and
@@ -250,7 +288,7 @@ def compress(
         The MPS or MPO.
     chi_out : int
         The largest bond dimension of the result.
-    cutoff, oversample, dtype, seed, device, resources
+    cutoff, oversample, dtype, seed, device, resources, out
         As in `src`.
 
     Returns
@@ -263,7 +301,7 @@ def compress(
     TypeError, ValueError
         As in `src`.
     """
-    return _run(
+    return run_stack(
         "compress",
         (tensor,),
         ("tensor",),
@@ -274,6 +312,7 @@ def compress(
         seed,
         device,
         resources,
+        out,
     )
 
 

@@ -13,7 +13,7 @@ from .resources import Resources
 
 __all__ = ["check_chi_out", "check_cutoff", "check_device", "check_resources", "sketch_size"]
 
-DEVICES = ("cpu", "gpu")
+DEVICES = ("cpu", "gpu", "cuda")
 
 
 def check_chi_out(fn: str, chi_out: object) -> int:
@@ -66,7 +66,7 @@ def sketch_size(fn: str, chi_out: int, oversample: object) -> int:
 
 
 def check_device(fn: str, device: object) -> str:
-    """Accept ``"cpu"``; check ``"gpu"`` against torch.cuda; reject anything else.
+    """Return ``"cpu"`` or ``"cuda"`` (for ``"gpu"`` and ``"cuda"``), checking CUDA.
 
     Raises
     ------
@@ -76,13 +76,11 @@ def check_device(fn: str, device: object) -> str:
         ``"gpu"`` without torch installed.
     RuntimeError
         ``"gpu"`` where torch sees no CUDA device.
-    NotImplementedError
-        ``"gpu"`` with a CUDA device: the GPU sweep is not part of this release.
     """
     if not isinstance(device, str) or device not in DEVICES:
         raise ValueError(
-            f"{fn}: device must be 'cpu' or 'gpu', got {device!r}; pass device='cpu' for "
-            "the NumPy sweep."
+            f"{fn}: device must be 'cpu', 'gpu' or 'cuda', got {device!r}; pass device='cpu' "
+            "for the NumPy sweep or device='gpu' for PyTorch on a GPU."
         )
     if device == "cpu":
         return device
@@ -90,17 +88,15 @@ def check_device(fn: str, device: object) -> str:
         import torch  # a device library, loaded only when asked for
     except ImportError as err:
         raise ImportError(
-            f"{fn}: device='gpu' needs PyTorch with CUDA (pip install 'sexpgpu[cuda]'); "
+            f"{fn}: device={device!r} needs PyTorch with CUDA (pip install 'sexpgpu[cuda]'); "
             "use device='cpu' meanwhile."
         ) from err
     if not torch.cuda.is_available():
         raise RuntimeError(
-            f"{fn}: device='gpu' but torch.cuda.is_available() is False (no CUDA device "
+            f"{fn}: device={device!r} but torch.cuda.is_available() is False (no CUDA device "
             "or a CPU-only PyTorch); use device='cpu'."
         )
-    raise NotImplementedError(
-        f"{fn}: device='gpu' is not available in this release of sexpgpu.tn; use device='cpu'."
-    )
+    return "cuda"
 
 
 def check_resources(fn: str, resources: object) -> Resources | None:

@@ -1,8 +1,10 @@
 """The site contractions of the sweep, each a chain of reshapes and BLAS products.
 
 Every contraction is written as a sequence of pairwise products (`pair`), each
-one reshape + ``np.dot`` (one GEMM), or ``np.matmul`` over the sketch index when
-that index is shared (the Khatri-Rao sketch). Labels name the legs::
+one reshape + ``xp.dot`` (one GEMM), or ``xp.matmul`` over the sketch index when
+that index is shared (the Khatri-Rao sketch). ``xp`` is the array backend
+(`sexpgpu.tn.backend`: NumPy, or PyTorch on a GPU), so one set of contractions
+serves every device. Labels name the legs::
 
     layer i (padded core)      l_i ── G_i ── r_i        x_0 = u of the result
                                        │                x_k = d of the result
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from math import prod
 
-import numpy as np
+from .backend import Array, Backend
 
 __all__ = [
     "arrange",
@@ -50,31 +52,35 @@ def environment_labels(k: int, head: str, side: str) -> Labels:
 
 
 def _as_matrix(
-    x: np.ndarray, labels: Labels, rows: Sequence[str], cols: Sequence[str]
-) -> np.ndarray:
+    xp: Backend, x: Array, labels: Labels, rows: Sequence[str], cols: Sequence[str]
+) -> Array:
     """View ``x`` as a ``(rows, cols)`` matrix.
 
-    NumPy copies only when the axes of a group cannot merge; a transposed
-    matrix stays a view, which BLAS takes as it is.
+    The library copies only when the axes of a group cannot merge; a
+    transposed matrix stays a view, which BLAS takes as it is.
     """
     dims = dict(zip(labels, x.shape, strict=True))
     perm = [labels.index(a) for a in (*rows, *cols)]
-    return x.transpose(perm).reshape(prod(dims[a] for a in rows), prod(dims[a] for a in cols))
+    shape = (prod(dims[a] for a in rows), prod(dims[a] for a in cols))
+    return xp.permute(x, perm).reshape(shape)
 
 
 def pair(
-    a: np.ndarray,
+    xp: Backend,
+    a: Array,
     la: Labels,
-    b: np.ndarray,
+    b: Array,
     lb: Labels,
     batch: Labels = (),
     free_b: Labels | None = None,
-) -> tuple[np.ndarray, Labels]:
+) -> tuple[Array, Labels]:
     """Contract every label ``a`` and ``b`` share, except ``batch``, with one product.
 
     Parameters
     ----------
-    a, b : numpy.ndarray
+    xp : Backend
+        The array backend.
+    a, b : array
         The operands.
     la, lb : tuple of str
         Their labels, one per axis.
@@ -86,37 +92,39 @@ def pair(
 
     Returns
     -------
-    result : numpy.ndarray
+    result : array
         Axes ``batch + free(a) + free(b)``, each group in its operand's order.
     labels : tuple of str
         The result's labels.
     """
     shared = [x for x in la if x in lb and x not in batch]
     # The contracted legs follow the bigger operand's layout, so that one is not copied.
-    contract = [x for x in (la if a.size >= b.size else lb) if x in shared]
+    contract = [x for x in (la if xp.numel(a) >= xp.numel(b) else lb) if x in shared]
     free_a = [x for x in la if x not in lb]
     if free_b is None:
         free_b = tuple(x for x in lb if x not in la)
     dims = dict(zip(la, a.shape, strict=True)) | dict(zip(lb, b.shape, strict=True))
     out = (*batch, *free_a, *free_b)
     if not batch:
-        result = np.dot(_as_matrix(a, la, free_a, contract), _as_matrix(b, lb, contract, free_b))
+        am = _as_matrix(xp, a, la, free_a, contract)
+        result = xp.dot(am, _as_matrix(xp, b, lb, contract, free_b))
         return result.reshape([dims[x] for x in out]), out
     n_batch = prod(dims[x] for x in batch)
     n_a, n_k, n_b = (prod(dims[x] for x in group) for group in (free_a, contract, free_b))
-    am = a.transpose([la.index(x) for x in (*batch, *free_a, *contract)]).reshape(n_batch, n_a, n_k)
-    bm = b.transpose([lb.index(x) for x in (*batch, *contract, *free_b)]).reshape(n_batch, n_k, n_b)
-    return np.matmul(am, bm).reshape([dims[x] for x in out]), out
+    am = xp.permute(a, [la.index(x) for x in (*batch, *free_a, *contract)])
+    bm = xp.permute(b, [lb.index(x) for x in (*batch, *contract, *free_b)])
+    result = xp.matmul(am.reshape(n_batch, n_a, n_k), bm.reshape(n_batch, n_k, n_b))
+    return result.reshape([dims[x] for x in out]), out
 
 
-def arrange(x: np.ndarray, labels: Labels, order: Labels) -> np.ndarray:
+def arrange(xp: Backend, x: Array, labels: Labels, order: Labels) -> Array:
     """Return ``x`` with its axes in ``order``, C-contiguous."""
     if labels == order:
-        return np.ascontiguousarray(x)
-    return np.ascontiguousarray(x.transpose([labels.index(a) for a in order]))
+        return xp.contiguous(x)
+    return xp.contiguous(xp.permute(x, [labels.index(a) for a in order]))
 
 
-def env_step(env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
+def env_step(xp: Backend, env: Array, omega: Array, cores: Sequence[Array]) -> Array:
     """Advance a batch of sketch columns of the left environment by one site.
 
     ::
@@ -127,16 +135,18 @@ def env_step(env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]) ->
 
     Parameters
     ----------
-    env : numpy.ndarray
+    xp : Backend
+        The array backend.
+    env : array
         Columns of ``C_j``, shape ``(b, l_0, ..., l_{k-1})``.
-    omega : numpy.ndarray
+    omega : array
         The same columns of the site's test tensor, ``(b, u, d)``.
-    cores : sequence of numpy.ndarray
+    cores : sequence of array
         The padded cores of the site, one per layer.
 
     Returns
     -------
-    numpy.ndarray
+    array
         Columns of ``C_{j+1}``, shape ``(b, r_0, ..., r_{k-1})``.
     """
     k = len(cores)
@@ -148,24 +158,22 @@ def env_step(env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]) ->
         bottom = prod(cores[-1].shape[:3]) * up
         if min(top, bottom) < prod(env.shape[1:]):
             fold = _env_step_thin_top if top <= bottom else _env_step_thin_bottom
-            return fold(env, omega, cores)
+            return fold(xp, env, omega, cores)
     x, lx = env, environment_labels(k, "s", "l")
     down = f"x{k}"
     # A trivial lower leg (an MPS last) is left to the end; otherwise the test
     # tensor meets it right after the last layer, which shrinks the rest by d.
     early = k > 1 and omega.shape[2] > 1
     for i in reversed(range(k)):
-        x, lx = pair(x, lx, cores[i], core_labels(i))
+        x, lx = pair(xp, x, lx, cores[i], core_labels(i))
         if i == k - 1 and early:
-            x, lx = pair(x, lx, omega, ("s", "x0", down), batch=("s",))
+            x, lx = pair(xp, x, lx, omega, ("s", "x0", down), batch=("s",))
     if not early:
-        x, lx = pair(x, lx, omega, ("s", "x0", down), batch=("s",))
-    return arrange(x, lx, environment_labels(k, "s", "r"))
+        x, lx = pair(xp, x, lx, omega, ("s", "x0", down), batch=("s",))
+    return arrange(xp, x, lx, environment_labels(k, "s", "r"))
 
 
-def _env_step_thin_top(
-    env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]
-) -> np.ndarray:
+def _env_step_thin_top(xp: Backend, env: Array, omega: Array, cores: Sequence[Array]) -> Array:
     """`env_step` when the top layer is thin (an MPO of small bond over a wide MPS).
 
     ::
@@ -178,16 +186,14 @@ def _env_step_thin_top(
     with a ket last (``x_k`` of size 1) the next GEMM reads it without a copy.
     """
     k = len(cores)
-    w, lw = pair(omega, ("s", "x0", f"x{k}"), cores[0], core_labels(0))
-    x, lx = pair(w, lw, env, environment_labels(k, "s", "l"), batch=("s",))
+    w, lw = pair(xp, omega, ("s", "x0", f"x{k}"), cores[0], core_labels(0))
+    x, lx = pair(xp, w, lw, env, environment_labels(k, "s", "l"), batch=("s",))
     for i in range(1, k):
-        x, lx = pair(x, lx, cores[i], core_labels(i))
-    return arrange(x, lx, environment_labels(k, "s", "r"))
+        x, lx = pair(xp, x, lx, cores[i], core_labels(i))
+    return arrange(xp, x, lx, environment_labels(k, "s", "r"))
 
 
-def _env_step_thin_bottom(
-    env: np.ndarray, omega: np.ndarray, cores: Sequence[np.ndarray]
-) -> np.ndarray:
+def _env_step_thin_bottom(xp: Backend, env: Array, omega: Array, cores: Sequence[Array]) -> Array:
     """`env_step` when the bottom layer is thin (a wide MPO times a thin one).
 
     ::
@@ -197,18 +203,18 @@ def _env_step_thin_bottom(
         then . W over (l_{k-1}, x_0, x_{k-1}), s shared
     """
     k = len(cores)
-    w, lw = pair(omega, ("s", "x0", f"x{k}"), cores[-1], core_labels(k - 1))
+    w, lw = pair(xp, omega, ("s", "x0", f"x{k}"), cores[-1], core_labels(k - 1))
     x, lx = env, environment_labels(k, "s", "l")
     for i in range(k - 1):
         free = tuple(a for a in core_labels(i) if a not in lx)
         if i == k - 2:  # r_i last: the fold below then reads x as a transposed view
             free = (*(a for a in free if a != f"r{i}"), f"r{i}")
-        x, lx = pair(x, lx, cores[i], core_labels(i), free_b=free)
-    x, lx = pair(x, lx, w, lw, batch=("s",))
-    return arrange(x, lx, environment_labels(k, "s", "r"))
+        x, lx = pair(xp, x, lx, cores[i], core_labels(i), free_b=free)
+    x, lx = pair(xp, x, lx, w, lw, batch=("s",))
+    return arrange(xp, x, lx, environment_labels(k, "s", "r"))
 
 
-def _chain_cost(start: dict[str, int], cores: Sequence[np.ndarray], order: Sequence[int]) -> int:
+def _chain_cost(start: dict[str, int], cores: Sequence[Array], order: Sequence[int]) -> int:
     """Multiply-adds of contracting ``start`` with the cores in ``order``."""
     dims, cost = dict(start), 0
     for i in order:
@@ -222,7 +228,7 @@ def _chain_cost(start: dict[str, int], cores: Sequence[np.ndarray], order: Seque
     return cost
 
 
-def right_block(proj: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
+def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
     """Contract the projected environment with a site's cores.
 
     ::
@@ -235,14 +241,16 @@ def right_block(proj: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
 
     Parameters
     ----------
-    proj : numpy.ndarray
+    xp : Backend
+        The array backend.
+    proj : array
         ``S``, shape ``(e, r_0, ..., r_{k-1})``.
-    cores : sequence of numpy.ndarray
+    cores : sequence of array
         The padded cores of the site.
 
     Returns
     -------
-    numpy.ndarray
+    array
         ``Z``, shape ``(e, u, d, l_0, ..., l_{k-1})``, C-contiguous.
     """
     k = len(cores)
@@ -251,8 +259,8 @@ def right_block(proj: np.ndarray, cores: Sequence[np.ndarray]) -> np.ndarray:
     start = dict(zip(lz, proj.shape, strict=True))
     orders = [list(reversed(range(k))), list(range(k))]
     for i in min(orders, key=lambda order: _chain_cost(start, cores, order)):
-        z, lz = pair(z, lz, cores[i], core_labels(i))
-    return arrange(z, lz, ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:]))
+        z, lz = pair(xp, z, lz, cores[i], core_labels(i))
+    return arrange(xp, z, lz, ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:]))
 
 
 def env_peak_per_column(shapes: Sequence[tuple[int, int, int, int]]) -> int:

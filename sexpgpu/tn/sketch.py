@@ -10,10 +10,12 @@ finding on a complex operator needs.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numpy.typing import DTypeLike
 
-__all__ = ["SketchSource", "sketch_dtype", "work_dtype"]
+__all__ = ["SharedSketches", "SketchSource", "sketch_dtype", "work_dtype"]
 
 
 def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype, fn: str = "src") -> np.dtype:
@@ -88,3 +90,42 @@ class SketchSource:
             pair = self._rng.standard_normal((2, *shape))
             return ((pair[0] + 1j * pair[1]) * np.sqrt(0.5)).astype(self.dtype)
         return self._rng.standard_normal(shape).astype(self.dtype)
+
+
+class SharedSketches:
+    """One `SketchSource` read by several ranks: each site drawn once, in site order.
+
+    Every rank asks for every site of the left-to-right pass in order and slices
+    its own block of columns; the first rank to ask draws, the last to take a
+    site frees it. Draws never depend on the number of ranks.
+
+    Parameters
+    ----------
+    source : SketchSource
+        The seeded draws.
+    ranks : int
+        How many ranks take each site.
+    """
+
+    def __init__(self, source: SketchSource, ranks: int) -> None:
+        self.source = source
+        self.size = source.size
+        self._ranks = ranks
+        self._lock = threading.Lock()
+        self._drawn: dict[int, list] = {}  # site -> [omega, takes left]
+        self._next = 0
+
+    def take(self, j: int, up: int, down: int) -> np.ndarray:
+        """The test tensor of site ``j``, shape ``(s, up, down)``."""
+        with self._lock:
+            if j not in self._drawn:
+                # Each rank asks in site order, so site j - 1 is drawn before j.
+                assert j == self._next, f"site {j} asked before site {self._next}"
+                self._drawn[j] = [self.source.draw(up, down), self._ranks]
+                self._next += 1
+            entry = self._drawn[j]
+            omega = entry[0]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._drawn[j]
+        return omega

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Kind", "Layer", "Stack", "normalize_stack", "unpad"]
+__all__ = ["Kind", "Layer", "Stack", "normalize_stack", "unpad", "unpad_core"]
 
 Kind = Literal["mps", "mpo"]
 Shape4 = tuple[int, int, int, int]
@@ -300,13 +300,14 @@ def normalize_stack(trains: Sequence[object], fn: str, names: Sequence[str]) -> 
 
 def unpad(cores: Sequence[np.ndarray], kind: Kind) -> list[np.ndarray]:
     """Return padded ``(l, r, u, d)`` cores in quimb's layout for ``kind``."""
-    out = []
-    last = len(cores) - 1
-    for j, core in enumerate(cores):
-        view = core[..., 0] if kind == "mps" else core
-        if j == last:
-            view = view[:, 0]
-        if j == 0:
-            view = view[0]
-        out.append(np.ascontiguousarray(view))
-    return out
+    return [unpad_core(core, j, len(cores), kind) for j, core in enumerate(cores)]
+
+
+def unpad_core(core: np.ndarray, j: int, n_sites: int, kind: Kind) -> np.ndarray:
+    """Padded core ``j`` of ``n_sites`` in quimb's layout for ``kind``, C-contiguous."""
+    view = core[..., 0] if kind == "mps" else core
+    if j == n_sites - 1:
+        view = view[:, 0]
+    if j == 0:
+        view = view[0]
+    return np.ascontiguousarray(view)

@@ -1,0 +1,318 @@
+"""The array backends the sweep is written against: NumPy and PyTorch.
+
+A `Backend` is the handful of operations one SRC sweep needs: uploads and
+downloads, reshapes and permutations, GEMMs (plain and batched over the
+sketch index), QR, SVD, adjoints and a few reductions. `NumpyBackend` runs on
+the host through BLAS/LAPACK; `TorchBackend` runs on one PyTorch device
+(cuBLAS and cuSOLVER on a GPU, or PyTorch's CPU device, which CI uses to run
+the GPU code path without a GPU). PyTorch is imported only when a
+`TorchBackend` is made.
+
+Every value a backend hands back is its own array type; `to_host` always
+gives a NumPy array. Sketches are drawn on the host (`sexpgpu.tn.sketch`) and
+uploaded, so one seed gives one result on every backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from sexpgpu.runtime.devices import Device
+
+from .linalg import svd as host_svd
+
+__all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
+
+Array = Any
+
+
+class Backend:
+    """The operations of the sweep on one device; see the module docstring.
+
+    Attributes
+    ----------
+    name : str
+        ``"numpy"`` or ``"torch"``.
+    device : sexpgpu.runtime.devices.Device
+        The device the arrays live on (``cpu:N`` for simulated ranks).
+    is_host : bool
+        Whether device arrays are host memory (no upload, no pinned tier).
+    """
+
+    name = "abstract"
+    device: Device
+    is_host = True
+
+    # ----- moving data -------------------------------------------------------
+    def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> Array:
+        """A device copy of the host array ``x`` (the array itself on the host)."""
+        raise NotImplementedError
+
+    def to_host(self, x: Array) -> np.ndarray:
+        """``x`` as a NumPy array (a copy from a device)."""
+        raise NotImplementedError
+
+    def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> Array:
+        """A host buffer that device copies can use asynchronously (page-locked on a GPU)."""
+        return np.empty(shape, dtype)
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device."""
+
+    # ----- making and shaping ------------------------------------------------
+    def ones(self, shape: tuple[int, ...], dtype: np.dtype) -> Array:
+        raise NotImplementedError
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Array:
+        raise NotImplementedError
+
+    def permute(self, x: Array, perm: Sequence[int]) -> Array:
+        raise NotImplementedError
+
+    def contiguous(self, x: Array) -> Array:
+        raise NotImplementedError
+
+    def concat(self, xs: Sequence[Array], axis: int = 0) -> Array:
+        raise NotImplementedError
+
+    def copy_into(self, dst: Array, x: Array) -> None:
+        """``dst[...] = x`` for a device or host ``dst``."""
+        dst[...] = x
+
+    @staticmethod
+    def numel(x: Array) -> int:
+        return prod(x.shape)
+
+    def nbytes(self, x: Array) -> int:
+        raise NotImplementedError
+
+    # ----- arithmetic --------------------------------------------------------
+    def dot(self, a: Array, b: Array) -> Array:
+        """The matrix product of two 2-D arrays (one GEMM)."""
+        raise NotImplementedError
+
+    def matmul(self, a: Array, b: Array) -> Array:
+        """The batched product ``(n, p, k) @ (n, k, q)``."""
+        raise NotImplementedError
+
+    def adjoint(self, x: Array) -> Array:
+        """The conjugate transpose of a matrix (a view where the library allows)."""
+        raise NotImplementedError
+
+    def qr(self, x: Array) -> tuple[Array, Array]:
+        """Thin QR."""
+        raise NotImplementedError
+
+    def svd(self, x: Array) -> tuple[Array, np.ndarray, Array]:
+        """Thin SVD; the singular values come back on the host."""
+        raise NotImplementedError
+
+    def scale_rows(self, sv: np.ndarray, x: Array) -> Array:
+        """``diag(sv) @ x`` for host singular values ``sv``."""
+        raise NotImplementedError
+
+    # ----- memory ------------------------------------------------------------
+    def reset_peak(self) -> None:
+        """Start a new high-water mark of device memory (GPU only)."""
+
+    def device_peak(self) -> int | None:
+        """The allocator's high-water mark in bytes, or None where there is none."""
+        return None
+
+
+class NumpyBackend(Backend):
+    """The host backend: NumPy with BLAS and LAPACK.
+
+    Parameters
+    ----------
+    device : Device, optional
+        The simulated rank this backend stands for (``cpu:N``).
+    """
+
+    name = "numpy"
+    is_host = True
+
+    def __init__(self, device: Device | None = None) -> None:
+        self.device = device or Device("cpu", 0)
+
+    def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> np.ndarray:
+        return x
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x)
+
+    def ones(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.ones(shape, dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def permute(self, x: np.ndarray, perm: Sequence[int]) -> np.ndarray:
+        return x.transpose(perm)
+
+    def contiguous(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x)
+
+    def concat(self, xs: Sequence[np.ndarray], axis: int = 0) -> np.ndarray:
+        return xs[0] if len(xs) == 1 else np.concatenate(xs, axis=axis)
+
+    def nbytes(self, x: np.ndarray) -> int:
+        return int(x.nbytes)
+
+    def dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.dot(a, b)
+
+    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.matmul(a, b)
+
+    def adjoint(self, x: np.ndarray) -> np.ndarray:
+        return x.T.conj()
+
+    def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        q, r = np.linalg.qr(x)
+        return q, r
+
+    def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return host_svd(x)
+
+    def scale_rows(self, sv: np.ndarray, x: np.ndarray) -> np.ndarray:
+        return sv[:, None] * x
+
+
+def torch_dtype(dtype: np.dtype) -> Any:
+    """The PyTorch dtype of a NumPy floating or complex dtype (imports PyTorch)."""
+    import torch
+
+    table = {
+        np.dtype(np.float32): torch.float32,
+        np.dtype(np.float64): torch.float64,
+        np.dtype(np.complex64): torch.complex64,
+        np.dtype(np.complex128): torch.complex128,
+    }
+    try:
+        return table[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(
+            f"the torch sweep computes in float32, float64, complex64 or complex128, not {dtype}"
+        ) from None
+
+
+class TorchBackend(Backend):
+    """A PyTorch device: cuBLAS/cuSOLVER on a GPU, or PyTorch's CPU device.
+
+    Parameters
+    ----------
+    device : Device
+        ``cuda:N`` for a GPU; ``cpu:N`` runs on PyTorch's CPU device (the
+        index names a simulated rank).
+    """
+
+    name = "torch"
+
+    def __init__(self, device: Device) -> None:
+        import torch  # a device library, loaded only for this backend
+
+        self._torch = torch
+        self.device = device
+        self.is_host = not device.is_cuda
+        self._dev = device.torch_device()
+        self._copy_stream = torch.cuda.Stream(self._dev) if device.is_cuda else None
+
+    def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> Any:
+        t = self._torch.from_numpy(np.ascontiguousarray(x))
+        if not self.device.is_cuda:
+            return t
+        return t.to(self._dev, non_blocking=non_blocking)
+
+    def upload_async(self, x: np.ndarray) -> tuple[Any, Any]:
+        """Start copying ``x`` on the copy stream; the tensor and an event to wait for."""
+        torch = self._torch
+        if self._copy_stream is None:
+            return self.upload(x), None
+        host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
+        with torch.cuda.stream(self._copy_stream):
+            t = host.to(self._dev, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._copy_stream)
+        return t, (event, host)
+
+    def wait(self, token: Any, tensor: Any) -> Any:
+        """Make the compute stream wait for an `upload_async` and return its tensor."""
+        if token is not None:
+            event, _host = token
+            self._torch.cuda.current_stream(self._dev).wait_event(event)
+            tensor.record_stream(self._torch.cuda.current_stream(self._dev))
+        return tensor
+
+    def to_host(self, x: Any) -> np.ndarray:
+        if isinstance(x, np.ndarray):
+            return x
+        return x.detach().cpu().numpy()
+
+    def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        t = self._torch.empty(shape, dtype=torch_dtype(dtype))
+        return t.pin_memory() if self.device.is_cuda else t
+
+    def synchronize(self) -> None:
+        if self.device.is_cuda:
+            self._torch.cuda.synchronize(self._dev)
+
+    def ones(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self._torch.ones(shape, dtype=torch_dtype(dtype), device=self._dev)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self._torch.empty(shape, dtype=torch_dtype(dtype), device=self._dev)
+
+    def permute(self, x: Any, perm: Sequence[int]) -> Any:
+        return x.permute(*perm)
+
+    def contiguous(self, x: Any) -> Any:
+        return x.contiguous()
+
+    def concat(self, xs: Sequence[Any], axis: int = 0) -> Any:
+        return xs[0] if len(xs) == 1 else self._torch.cat(list(xs), dim=axis)
+
+    def copy_into(self, dst: Any, x: Any) -> None:
+        if isinstance(dst, np.ndarray):
+            dst[...] = self.to_host(x)
+        else:
+            dst.copy_(x, non_blocking=True)
+
+    def nbytes(self, x: Any) -> int:
+        if isinstance(x, np.ndarray):
+            return int(x.nbytes)
+        return int(x.numel() * x.element_size())
+
+    def dot(self, a: Any, b: Any) -> Any:
+        return self._torch.mm(a, b)
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        return self._torch.bmm(a, b)
+
+    def adjoint(self, x: Any) -> Any:
+        return x.mH
+
+    def qr(self, x: Any) -> tuple[Any, Any]:
+        q, r = self._torch.linalg.qr(x, mode="reduced")
+        return q, r
+
+    def svd(self, x: Any) -> tuple[Any, np.ndarray, Any]:
+        u, s, vh = self._torch.linalg.svd(x, full_matrices=False)
+        return u, s.cpu().numpy(), vh
+
+    def scale_rows(self, sv: np.ndarray, x: Any) -> Any:
+        scale = self._torch.from_numpy(np.ascontiguousarray(sv)).to(self._dev, dtype=x.dtype)
+        return scale[:, None] * x
+
+    def reset_peak(self) -> None:
+        if self.device.is_cuda:
+            self._torch.cuda.reset_peak_memory_stats(self._dev)
+
+    def device_peak(self) -> int | None:
+        if not self.device.is_cuda:
+            return None
+        return int(self._torch.cuda.max_memory_allocated(self._dev))

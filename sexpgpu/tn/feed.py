@@ -1,0 +1,136 @@
+"""Input sites for one pass: read ahead on the host, uploaded to every rank.
+
+Rank 0 reads the sites of a pass in order, the next one in a background
+thread while the current one computes (a memmap, HDF5 or zarr site is read
+from its file there, converted to the work dtype and, on a single GPU, copied
+to the device on a side stream). With several ranks the cores are cut into
+one flat slice per rank, each rank uploads its slice, and an allgather over
+the group (peer copies between GPUs) puts the whole site on every rank; GPUs
+without peer access upload the whole site each instead.
+
+::
+
+    disk --read (thread)--> host cores --slice r--> rank r --allgather--> cores on r
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from .backend import Array, Backend, TorchBackend
+from .comm import Context
+from .trains import Stack
+
+__all__ = ["read_site", "site_feed"]
+
+logger = logging.getLogger(__name__)
+
+
+def read_site(stack: Stack, j: int, work: np.dtype) -> list[np.ndarray]:
+    """Site ``j`` of every layer on the host, in the work dtype, C-contiguous."""
+    # One dtype for every operand keeps the products on their BLAS path.
+    return [np.ascontiguousarray(core, dtype=work) for core in stack.read(j)]
+
+
+def _prefetched(
+    stack: Stack, order: Sequence[int], work: np.dtype, xp: Backend, upload: bool
+) -> Iterator[tuple[int, Any]]:
+    """``(j, cores)`` in ``order``, the next site read (and uploaded) in a thread."""
+    if not order:
+        return
+
+    def load(j: int) -> Any:
+        cores = read_site(stack, j, work)
+        if upload and isinstance(xp, TorchBackend) and xp.device.is_cuda:
+            return [xp.upload_async(c) for c in cores]
+        return cores
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-read") as pool:
+        pending: Future[Any] = pool.submit(load, order[0])
+        for i, j in enumerate(order):
+            ready = pending.result()
+            if i + 1 < len(order):
+                pending = pool.submit(load, order[i + 1])
+            yield j, ready
+            del ready
+
+
+def site_feed(
+    ctx: Context, xp: Backend, stack: Stack, order: Sequence[int], work: np.dtype
+) -> Iterator[tuple[int, list[Array]]]:
+    """Yield ``(j, cores)`` for the sites in ``order``, the cores on this rank's device.
+
+    Every rank of ``ctx`` iterates the same order; only rank 0 reads.
+    """
+    single = ctx.size == 1
+    source = _prefetched(stack, order, work, xp, upload=single) if ctx.rank == 0 else None
+    for j in order:
+        host = None
+        if source is not None:
+            got, host = next(source)
+            assert got == j
+        if single:
+            yield j, _on_device(xp, host)
+        else:
+            yield j, _distribute(ctx, xp, stack, j, work, host)
+    if source is not None:
+        source.close()
+
+
+def _on_device(xp: Backend, cores: list[Any]) -> list[Array]:
+    """Cores read by `_prefetched` as arrays of the device."""
+    if cores and isinstance(cores[0], tuple):  # started by upload_async
+        assert isinstance(xp, TorchBackend)
+        return [xp.wait(token, tensor) for tensor, token in cores]
+    return [xp.upload(c) for c in cores]
+
+
+def _distribute(
+    ctx: Context, xp: Backend, stack: Stack, j: int, work: np.dtype, host: list[np.ndarray] | None
+) -> list[Array]:
+    """Whole cores on every rank: slices uploaded by their rank, then an allgather."""
+    shapes = stack.shapes(j)
+    if not _peer_access(ctx, xp):
+        cores = ctx.broadcast(host, root=0)
+        return [xp.upload(c) for c in cores]
+    chunks = None
+    if ctx.rank == 0:
+        assert host is not None
+        flat = [c.reshape(-1) for c in host]
+        chunks = [
+            [f[lo:hi] for f, (lo, hi) in zip(flat, _cuts(shapes, r, ctx.size), strict=True)]
+            for r in range(ctx.size)
+        ]
+    mine = ctx.scatter(chunks, root=0)
+    uploaded = [xp.upload(np.ascontiguousarray(c)) for c in mine]
+    everyone = ctx.allgather(uploaded)
+    return [
+        xp.concat([parts[i] for parts in everyone]).reshape(shape) for i, shape in enumerate(shapes)
+    ]
+
+
+def _cuts(shapes: Sequence[tuple[int, ...]], rank: int, size: int) -> list[tuple[int, int]]:
+    """Rank ``rank``'s flat slice of each core: contiguous, sizes differing by one at most."""
+    cuts = []
+    for shape in shapes:
+        n = prod(shape)
+        base, extra = divmod(n, size)
+        lo = rank * base + min(rank, extra)
+        cuts.append((lo, lo + base + (1 if rank < extra else 0)))
+    return cuts
+
+
+def _peer_access(ctx: Context, xp: Backend) -> bool:
+    """Whether this rank can read every other rank's device memory directly."""
+    if not xp.device.is_cuda:
+        return True  # simulated ranks share the host
+    import torch
+
+    others = {d.index for d in ctx.devices if d.is_cuda and d.index != xp.device.index}
+    return all(torch.cuda.can_device_access_peer(xp.device.index, o) for o in others)

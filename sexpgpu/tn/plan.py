@@ -1,0 +1,321 @@
+"""The memory plan of one sweep: tiles, working sets, and where environments live.
+
+The plan is made before any site is read, from the shapes alone::
+
+    tiles        columns per left-to-right product, projected rows per
+                 right-to-left block: fixed by the problem (each tile's
+                 intermediates stay under TILE_BYTES), never by the budgets
+    working set  per rank, the most one site of either pass holds at once
+                 (cores and the next site's prefetch, the environment in and
+                 out, the sketch, its QR, the projected environment, a tile)
+    tiers        each stored environment on the device, in (pinned) host
+                 memory, or on disk under scratch_dir, first come first served
+
+Because the tiles do not depend on the budgets, every budget runs the same
+products in the same order: the result is the same bit for bit, and a budget
+only decides what is kept and what is recomputed or spilled. A budget smaller
+than the working set is a `MemoryError` saying by how much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+
+import numpy as np
+
+from sexpgpu.runtime.units import MiB, format_bytes
+
+from .kernels import env_peak_per_column
+from .trains import Stack
+
+__all__ = [
+    "TILE_BYTES",
+    "Budgets",
+    "Plan",
+    "column_blocks",
+    "cut_ranks",
+    "make_plan",
+    "minimum_budget",
+    "row_blocks",
+]
+
+# The intermediates of one tile of sketch columns or projected rows.
+TILE_BYTES = 256 * MiB
+
+Tier = str  # "device", "host" or "disk"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Bytes the sweep may use, and the names users set them by.
+
+    Attributes
+    ----------
+    device : int
+        Per rank: device memory (``gpu_memory``), or host memory for a host
+        backend (then equal to ``host``).
+    host : int
+        Host memory for all ranks together (``host_memory``).
+    device_name, host_name : str
+        The argument to raise, for messages (``"gpu_memory"``, ``"host_memory"``).
+    device_source : str
+        Where ``device`` came from (``"Resources"`` or ``"detected"``).
+    shared : bool
+        Whether device and host are one memory (NumPy, or PyTorch on the CPU).
+    """
+
+    device: int
+    host: int
+    device_name: str
+    host_name: str
+    device_source: str
+    shared: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one sweep uses memory; logged at DEBUG before the sweep starts.
+
+    Attributes
+    ----------
+    ranks : int
+        Devices the sketch columns are split over.
+    blocks : tuple of (int, int)
+        Each rank's contiguous block of sketch columns.
+    env_tile : int
+        Sketch columns per left-to-right product.
+    row_tile : int
+        Projected rows per right-to-left block.
+    hold_z : bool
+        Whether each right-to-left site keeps its block ``Z`` for the projection
+        (else it computes it again, tile by tile).
+    work_device : int
+        The planned peak per rank on the device, environments not counted.
+    work_host : int
+        The planned host working set (reads, staging, output cores).
+    tiers : tuple of tuple of str
+        Per rank, the tier of environments ``C_1 .. C_{n-1}``.
+    env_bytes : dict
+        Bytes of environments per tier, all ranks together.
+    budgets : Budgets
+        The budgets planned against.
+    """
+
+    ranks: int
+    blocks: tuple[tuple[int, int], ...]
+    env_tile: int
+    row_tile: int
+    hold_z: bool
+    work_device: int
+    work_host: int
+    tiers: tuple[tuple[Tier, ...], ...]
+    env_bytes: dict[str, int]
+    budgets: Budgets
+
+    def line(self) -> str:
+        """One line for the log: tiles, working sets, tiers, budgets."""
+        tiers = ", ".join(f"{t} {format_bytes(n)}" for t, n in self.env_bytes.items() if n)
+        z = "held" if self.hold_z else "recomputed"
+        return (
+            f"ranks={self.ranks}, env batch={self.env_tile}, "
+            f"projected rows per block={self.row_tile}, Z {z}, "
+            f"working set {format_bytes(self.work_device)} per rank of "
+            f"{format_bytes(self.budgets.device)} ({self.budgets.device_name}, "
+            f"{self.budgets.device_source}), host working set {format_bytes(self.work_host)} of "
+            f"{format_bytes(self.budgets.host)}, environments: {tiers or 'none'}"
+        )
+
+
+def column_blocks(size: int, ranks: int) -> tuple[tuple[int, int], ...]:
+    """Split ``size`` sketch columns into ``ranks`` contiguous blocks, the first ones larger."""
+    base, extra = divmod(size, ranks)
+    bounds, lo = [], 0
+    for r in range(ranks):
+        hi = lo + base + (1 if r < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return tuple(bounds)
+
+
+def row_blocks(n: int, tile: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in tiles of ``tile`` (the last may be shorter; none when n=0)."""
+    return [(lo, min(lo + tile, n)) for lo in range(0, n, tile)]
+
+
+def cut_ranks(stack: Stack) -> list[int]:
+    """For every cut ``j | j+1``, a bound on the product's rank there.
+
+    The smaller of the product of the bonds crossing the cut and the product of
+    the physical dimensions left of it.
+    """
+    bounds, phys = [], 1
+    for j in range(stack.n_sites - 1):
+        shapes = stack.shapes(j)
+        phys = min(phys * shapes[0][2] * shapes[-1][3], 2**62)
+        bounds.append(min(phys, prod(s[1] for s in shapes)))
+    return bounds
+
+
+def _site_sizes(stack: Stack, j: int) -> tuple[int, int, int, int]:
+    """``(lefts, rights, up*down, elements of the cores)`` of site ``j``."""
+    shapes = stack.shapes(j)
+    lefts = prod(s[0] for s in shapes)
+    rights = prod(s[1] for s in shapes)
+    return lefts, rights, shapes[0][2] * shapes[-1][3], sum(prod(s) for s in shapes)
+
+
+def _ltr_elements(stack: Stack, j: int, cols: int, tile_work: int) -> int:
+    lefts, rights, ud, cores = _site_sizes(stack, j)
+    # this site's cores and the next one's prefetch, C_j and C_{j+1}, omega, a tile
+    return 2 * cores + cols * (lefts + rights + ud) + tile_work
+
+
+def _rtl_elements(
+    stack: Stack,
+    j: int,
+    size: int,
+    cols: int,
+    caps: Sequence[int],
+    root: bool,
+    hold_z: bool,
+    tile_work: int,
+) -> int:
+    lefts, rights, ud, cores = _site_sizes(stack, j)
+    e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
+    rows = e * ud
+    c = min(size, rows, caps[j - 1]) if j > 0 else 1
+    held = 2 * cores + cols * lefts + e * rights + rows * cols + 2 * c * lefts
+    if root:  # the gathered sketch, its Q and R
+        held += 2 * rows * size + size * size + c * rows
+    return held + (rows * lefts if hold_z else tile_work)
+
+
+def _working_set(
+    stack: Stack, size: int, blocks: Sequence[tuple[int, int]], tile_work: int, hold_z: bool
+) -> int:
+    """Elements the busiest rank holds at once, environments in store not counted."""
+    caps = cut_ranks(stack)
+    cols = max(hi - lo for lo, hi in blocks)
+    ltr = max(_ltr_elements(stack, j, cols, tile_work) for j in range(stack.n_sites - 1))
+    rtl = max(
+        _rtl_elements(stack, j, size, cols, caps, True, hold_z, tile_work)
+        for j in range(stack.n_sites)
+    )
+    return max(ltr, rtl)
+
+
+def _host_working_set(stack: Stack, size: int, item: int) -> int:
+    """Host bytes beside the device's: two sites as read, one staged, an output core, omega."""
+    caps = cut_ranks(stack)
+    per_site = []
+    for j in range(stack.n_sites):
+        _lefts, _rights, ud, _cores = _site_sizes(stack, j)
+        read = sum(
+            prod(s) * np.dtype(layer.sites[j].dtype).itemsize
+            for s, layer in zip(stack.shapes(j), stack.layers, strict=True)
+        )
+        e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
+        out = min(size, e * ud) * e * ud * item
+        per_site.append(3 * read + out + size * ud * 16)
+    return max(per_site)
+
+
+def _memory_error(what: str, need: int, budget: int, name: str, source: str) -> MemoryError:
+    over = need - budget
+    return MemoryError(
+        f"src: the {what} working set needs {format_bytes(need)} ({need} B) but the "
+        f"{name} budget is {format_bytes(budget)} ({budget} B, {source}): it exceeds the "
+        f"budget by {format_bytes(over)} ({over} B); raise Resources({name}=...) to at least "
+        f"{need} B, use a smaller chi_out or oversample, or split over more devices."
+    )
+
+
+def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budgets) -> Plan:
+    """Plan one sweep of ``size`` sketch columns over ``ranks`` devices.
+
+    Raises
+    ------
+    MemoryError
+        The working set exceeds the device or host budget; the message says by how much.
+    """
+    item = work.itemsize
+    per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
+    tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
+    tile_work = tile * per_line
+    blocks = column_blocks(size, ranks)
+    lean = _working_set(stack, size, blocks, tile_work, hold_z=False) * item
+    host_work = _host_working_set(stack, size, item)
+    device_budget = budgets.device
+    if budgets.shared:
+        # One memory: the host's own share comes out of it too.
+        device_budget = budgets.device - host_work
+    if lean > device_budget:
+        name = budgets.device_name
+        need = lean + (host_work if budgets.shared else 0)
+        raise _memory_error(
+            "device" if not budgets.shared else "host",
+            need,
+            budgets.device,
+            name,
+            budgets.device_source,
+        )
+    if not budgets.shared and host_work > budgets.host:
+        raise _memory_error("host", host_work, budgets.host, budgets.host_name, "host memory")
+    full = _working_set(stack, size, blocks, tile_work, hold_z=True) * item
+    hold_z = full <= device_budget
+    work_device = full if hold_z else lean
+    tiers, env_bytes = _tiers(stack, blocks, item, device_budget - work_device, budgets, host_work)
+    return Plan(
+        ranks=ranks,
+        blocks=blocks,
+        env_tile=tile,
+        row_tile=tile,
+        hold_z=hold_z,
+        work_device=work_device,
+        work_host=host_work,
+        tiers=tiers,
+        env_bytes=env_bytes,
+        budgets=budgets,
+    )
+
+
+def _tiers(
+    stack: Stack,
+    blocks: Sequence[tuple[int, int]],
+    item: int,
+    device_left: int,
+    budgets: Budgets,
+    host_work: int,
+) -> tuple[tuple[tuple[Tier, ...], ...], dict[str, int]]:
+    """Environments to the device while it has room, then host memory, then disk."""
+    first = "host" if budgets.shared else "device"
+    host_left = 0 if budgets.shared else max(0, budgets.host - host_work)
+    host_share = host_left // len(blocks)
+    totals = {first: 0, "host": 0, "disk": 0}
+    tiers = []
+    for lo, hi in blocks:
+        dev, host, mine = device_left, host_share, []
+        for j in range(1, stack.n_sites):
+            nbytes = (hi - lo) * prod(s[0] for s in stack.shapes(j)) * item
+            if nbytes <= dev:
+                tier, dev = first, dev - nbytes
+            elif nbytes <= host:
+                tier, host = "host", host - nbytes
+            else:
+                tier = "disk"
+            totals[tier] += nbytes
+            mine.append(tier)
+        tiers.append(tuple(mine))
+    return tuple(tiers), totals
+
+
+def minimum_budget(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> int:
+    """The smallest shared (host-backend) budget that `make_plan` accepts, in bytes."""
+    item = work.itemsize
+    per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
+    tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
+    blocks = column_blocks(size, ranks)
+    lean = _working_set(stack, size, blocks, tile * per_line, hold_z=False) * item
+    return lean + _host_working_set(stack, size, item)

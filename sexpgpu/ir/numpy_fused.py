@@ -154,6 +154,7 @@ def _cross_entropy(node: Node, logits: np.ndarray, targets: np.ndarray, out: Out
     flat, step = _row_chunks(logits)
     ids = targets.reshape(-1)
     check_ids(node, ids, flat.shape[1])
+    # f32 for bf16 logits (their arrays are f32): the result is not rounded to bf16.
     loss = np.empty(flat.shape[0], dtype=logits.dtype)
     if out is not None and out.flags.c_contiguous:
         loss = out.reshape(-1)

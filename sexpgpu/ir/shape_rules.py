@@ -16,7 +16,7 @@ from sexpgpu.ir.node import ConstArray, Node, Shape
 from sexpgpu.ir.ops import COMPARISON, Op
 from sexpgpu.ir.rules import shape_rule
 
-__all__ = ["broadcast_shapes", "check_targets", "format_shape"]
+__all__ = ["broadcast_shapes", "check_targets", "format_shape", "loss_dtype"]
 
 Attrs = dict[str, Any]
 Result = tuple[DType, Shape, Attrs]
@@ -366,11 +366,16 @@ def check_targets(op: Op, logits: Node, targets: Node, span: Span | None) -> Non
         )
 
 
+def loss_dtype(logits: DType) -> DType:
+    """Cross-entropy's result dtype: f32 for bf16 logits (a loss is never bf16-quantized)."""
+    return DType.F32 if logits is DType.BF16 else logits
+
+
 @shape_rule(Op.CROSS_ENTROPY)
 def _cross_entropy(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
     logits, targets = inputs
     check_targets(op, logits, targets, span)
-    return logits.dtype, targets.shape, attrs
+    return loss_dtype(logits.dtype), targets.shape, attrs
 
 
 @shape_rule(Op.CROSS_ENTROPY_GRAD)
@@ -379,7 +384,9 @@ def _cross_entropy_grad(
 ) -> Result:
     logits, targets, g = inputs
     check_targets(op, logits, targets, span)
-    assert g.shape == targets.shape and g.dtype == logits.dtype, (logits, g)
+    # g is the loss's cotangent: f32 for bf16 logits (a bf16 one is taken too).
+    assert g.shape == targets.shape, (logits, g)
+    assert g.dtype in (logits.dtype, loss_dtype(logits.dtype)), (logits, g)
     return logits.dtype, logits.shape, attrs
 
 

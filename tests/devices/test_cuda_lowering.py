@@ -244,3 +244,18 @@ def test_gpt_smoke_training_step_equals_the_interpreter(dtype, edits, device) ->
     program_nodes = {n.op for n in graph.nodes()}
     assert {Op.ATTENTION, Op.ATTENTION_GRAD, Op.LAYERNORM_GRAD, Op.CROSS_ENTROPY} <= program_nodes
     _compare_model(graph, _model_feeds(trace, 1), device, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_loss_is_reduced_in_f32_on_both_devices(device: str) -> None:
+    graph, trace = _training("mlp.lisp", None, MLP_BF16)
+    losses = [n for n in graph.nodes() if n.op is Op.CROSS_ENTROPY]
+    assert [n.inputs[0].dtype for n in losses] == ["bf16"] and losses[0].dtype == "f32"
+    assert graph.outputs["loss"].dtype == "f32"
+    feeds = _model_feeds(trace, 0)
+    want = run(graph, feeds)["loss"]
+    got = _host(TorchGraph(graph, torch.device(device))(feeds)["loss"])
+    for loss in (want, got):
+        bits = np.asarray(loss, np.float32).view(np.uint32)
+        assert bits & 0xFFFF, f"loss {loss} is a bf16 value"
+    np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -93,6 +93,24 @@ def _four_d(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _padded(x: torch.Tensor, backend: str) -> torch.Tensor:
+    """`x` with its head size padded with zeros to a multiple of 8 for the CUDA kernels.
+
+    PyTorch's public SDPA pads before calling these private kernels, which
+    refuse other sizes; zeros change neither ``q k^T`` nor (once cut off) the
+    output and gradients.
+    """
+    extra = -x.shape[-1] % 8
+    if backend in ("flash", "efficient", "cudnn") and extra:
+        return torch.nn.functional.pad(x, (0, extra))
+    return x
+
+
+def _cut(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`x` cut back to `like`'s head size and shape."""
+    return x[..., : like.shape[-1]].reshape(like.shape)
+
+
 def sdpa_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, backend: str
 ) -> tuple[torch.Tensor, AttentionAux]:
@@ -113,8 +131,9 @@ def sdpa_forward(
     reason = None
     if backend != "math":
         try:
-            out, saved = _FORWARD[backend](q4, k4, v4, causal, scale)
-            return out.reshape(q.shape), AttentionAux(backend, out, saved)
+            padded = (_padded(x, backend) for x in (q4, k4, v4))
+            out, saved = _FORWARD[backend](*padded, causal, scale)
+            return _cut(out, q), AttentionAux(backend, out, saved)
         except _REFUSALS as error:
             reason = f"{backend} refused: {str(error).splitlines()[0][:160]}"
             log.warning("attention: %s; using math", reason)
@@ -142,8 +161,9 @@ def sdpa_backward(
     q4, k4, v4, g4 = _four_d(q), _four_d(k), _four_d(v), _four_d(g)
     if aux.backend != "math":
         try:
-            grads = _BACKWARD[aux.backend](g4, q4, k4, v4, aux, causal, scale)
-            return torch.stack([x.reshape(q.shape) for x in grads])
+            padded = (_padded(x, aux.backend) for x in (g4, q4, k4, v4))
+            grads = _BACKWARD[aux.backend](*padded, aux, causal, scale)
+            return torch.stack([_cut(x, q) for x in grads])
         except _REFUSALS as error:
             log.warning("attention backward: %s refused (%s); using math", aux.backend, error)
             aux = AttentionAux("math", *_math_forward(q4, k4, v4, causal, scale))

@@ -297,7 +297,7 @@ def _cross_entropy_grad(node: Node, logits: T, targets: T, g: T) -> T:
     flat, ids = _rows(logits, targets)
     probs = torch.softmax(flat, dim=-1)
     rows = torch.arange(ids.numel(), device=ids.device)
-    probs.index_put_((rows, ids), torch.tensor(-1.0, dtype=probs.dtype), accumulate=True)
+    probs.index_put_((rows, ids), probs.new_tensor(-1.0), accumulate=True)
     probs.mul_(g.reshape(-1, 1).to(probs.dtype))
     return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
 

@@ -125,6 +125,8 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
     )
     steps = trainer.settings.steps
+    if not trainer.devices[0].startswith("cpu"):
+        print("\n".join(trainer.report), flush=True)  # the lowering report
     try:
         with _stop_on_sigterm():
             if sys.stdout.isatty():
@@ -145,5 +147,7 @@ def main(args: argparse.Namespace) -> int:
         done += f", eval loss {summary.eval_loss:.4f}"
     if summary.eval_accuracy is not None:
         done += f", eval accuracy {summary.eval_accuracy:.4f}"
+    if summary.memory is not None:
+        print(summary.memory)
     print(f"{done}, {summary.seconds:.1f}s -> {trainer.run_dir}")
     return 0

@@ -125,7 +125,13 @@ class Device(Protocol):
     name: str
 
     def plan(
-        self, compiled: CompiledRun, *, moments: int, ranks: int, memory: int | None
+        self,
+        compiled: CompiledRun,
+        *,
+        moments: int,
+        ranks: int,
+        memory: int | None,
+        microbatches: int = 1,
     ) -> MemoryPlan:
         """The most one rank holds at once, by part, before any initializer runs.
 
@@ -139,6 +145,8 @@ class Device(Protocol):
             Ranks on this node (simulated cpu ranks share the host's memory).
         memory
             ``SEXPGPU_MEMORY`` per device, or None to detect it.
+        microbatches
+            Microbatches per rank and step (more than one keeps gradient buffers).
         """
         ...
 

@@ -79,14 +79,23 @@ class CpuDevice:
     name = "cpu"
 
     def plan(
-        self, compiled: CompiledRun, *, moments: int, ranks: int, memory: int | None
+        self,
+        compiled: CompiledRun,
+        *,
+        moments: int,
+        ranks: int,
+        memory: int | None,
+        microbatches: int = 1,
     ) -> MemoryPlan:
         """Parameters, optimizer moments and the training graph's live set, per rank.
 
         The simulated ranks of a cpu run share the host, so each gets its
         share of the host's memory unless ``SEXPGPU_MEMORY`` sets the budget
-        per rank. The live set includes the gradients (graph outputs).
+        per rank. The live set includes the gradients (graph outputs); the
+        buffers they are summed into over `microbatches` are not counted,
+        as before the device interface.
         """
+        del microbatches
         budget = detect_budget("cpu", memory)
         if memory is None and ranks > 1:
             budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")

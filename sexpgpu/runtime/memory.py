@@ -177,7 +177,7 @@ class MemoryPlan:
     def line(self) -> str:
         """``memory: plan 12.3 GiB of 139.0 GiB (parameters 0.5 GiB, ...)``."""
         return (
-            f"memory: plan {self._format(self.total)} of {self._format(self.budget.nbytes)} "
+            f"memory: plan {self._format(self.total)} of {format_bytes(self.budget.nbytes)} "
             f"({self._parts_text()})"
         )
 
@@ -190,8 +190,8 @@ class MemoryPlan:
         )
 
     def _format(self, n: int) -> str:
-        # One unit for the whole line (GiB on any real device) reads at a glance.
-        return format_bytes(n, "GiB" if self.budget.nbytes >= GiB else None)
+        # One unit for the plan and its parts (the total's) reads at a glance.
+        return format_bytes(n, _unit(self.total))
 
     def check(self, hint: str | None = None) -> None:
         """Raise E-MEM-001 when the plan does not fit its budget.
@@ -225,6 +225,11 @@ class MemoryPlan:
         return ", ".join(f"{name} {self._format(n)}" for name, n in self.parts.items()) or (
             "no parts"
         )
+
+
+def _unit(n: int) -> str:
+    """The largest binary unit that keeps `n` at 1 or more."""
+    return format_bytes(n).split()[-1]
 
 
 class PeakTracker:

@@ -180,6 +180,7 @@ class RankLoop:
             eval_accuracy=self.last["eval_accuracy"],
             seconds=0.0,
             params=self.program.host_state().params,
+            memory=self._peak_line(),
         )
 
     def _step(self, index: int) -> tuple[float, float, float, dict[str, Any]]:
@@ -297,10 +298,14 @@ class RankLoop:
             eval_step=self.last["eval_step"],
         )
 
-    def _finish(self) -> None:
+    def _peak_line(self) -> str | None:
         plan = self.run_ctx.plan
-        if plan is not None and plan.total and self.peak:
-            self.metrics.annotate(self.s.steps, plan.peak_line(self.peak))
+        return plan.peak_line(self.peak) if plan is not None and plan.total and self.peak else None
+
+    def _finish(self) -> None:
+        line = self._peak_line()
+        if line is not None:
+            self.metrics.annotate(self.s.steps, line)
         self.run_ctx.status(
             self.metrics,
             step=max(self.start, self.s.steps),

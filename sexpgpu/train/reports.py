@@ -37,3 +37,4 @@ class RunSummary:
     seconds: float
     params: dict[str, np.ndarray] = field(repr=False)
     resumed_from: int | None = None
+    memory: str | None = None  # ``memory: peak X of Y planned (+Z%)``

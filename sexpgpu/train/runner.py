@@ -62,6 +62,7 @@ def prepare_run(
     on_step: Callable[[StepReport], None] | None = None,
     environ: Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    backend: Any = None,
 ) -> Trainer:
     """Load, check and compile a run of an experiment file; return its `Trainer`.
 
@@ -85,6 +86,10 @@ def prepare_run(
         The environment (default ``os.environ``): device variables.
     storage_options
         fsspec options for remote checkpoint locations.
+    backend
+        A `sexpgpu.devices.base.Device` to use instead of the one `device`
+        names, such as ``CudaDevice("cpu")``: the cuda lowering on PyTorch's
+        CPU device, for tests.
     """
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.optim import OPTIMIZERS
@@ -92,7 +97,7 @@ def prepare_run(
     from sexpgpu.lang import load_experiment
 
     config = _config(device, os.environ if environ is None else environ)
-    backend = get_device(config.device)
+    backend = backend or get_device(config.device)
     devices = [str(d) for d in config.local_devices]
     experiment = load_experiment(path, variant)
     rundef = experiment.run(run)
@@ -107,7 +112,13 @@ def prepare_run(
     compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
     _check_trainable(compiled, rundef)
     moments = len(getattr(OPTIMIZERS.get(settings.optimizer.name), "moments", ()))
-    plan = backend.plan(compiled, moments=moments, ranks=len(devices), memory=config.memory)
+    plan = backend.plan(
+        compiled,
+        moments=moments,
+        ranks=len(devices),
+        memory=config.memory,
+        microbatches=max(1, settings.microbatches // len(devices)),
+    )
     plan.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
     local = config.local_devices
 

@@ -176,10 +176,11 @@ def test_a_diverging_loss_is_e_train_002(tmp_path):
 
     s = _settings(steps=3)
     with pytest.raises(SexpgpuError) as info:
-        nan = Trainer(lambda r: on_cpu(Nan(batch=16)), DIGITS, s, tmp_path / "n", experiment_hash="h")
-        nan.run()
+        Trainer(
+            lambda r: on_cpu(Nan(batch=16)), DIGITS, s, tmp_path / "nan", experiment_hash="h"
+        ).run()
     assert info.value.code == "E-TRAIN-002"
-    assert json.loads((tmp_path / "n" / "status.json").read_text())["state"] == "failed"
+    assert json.loads((tmp_path / "nan" / "status.json").read_text())["state"] == "failed"
 
 
 def test_ranks_whose_parameters_differ_write_no_checkpoint(tmp_path):

@@ -1,7 +1,7 @@
 """The language and the trainer keep separate tables of the names users type: they must agree."""
 
-from sexpgpu.lang import runs
 from sexpgpu.devices import optim
+from sexpgpu.lang import runs
 from sexpgpu.train import metrics, rank, schedules
 
 

@@ -1,0 +1,227 @@
+"""The ``cuda`` device: a `CompiledRun` lowered to PyTorch on one GPU per rank.
+
+`TorchKernels` runs the training, evaluation and activation graphs through
+`sexpgpu.devices.cuda.executor.TorchGraph` (cuBLAS products, SDPA attention,
+fused normalizations and cross-entropy); the rank's parameters, gradient
+buffers and optimizer moments are float32 tensors on the GPU inside a
+`sexpgpu.devices.state.TrainState`. The host sees the loss once per step.
+
+The same lowering runs on PyTorch's CPU device for the tests
+(``CudaDevice(torch_device="cpu")``): an internal switch, not a device users
+name. torch is imported when the device is made, never before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from sexpgpu.devices.state import TrainState
+from sexpgpu.errors import SexpgpuError
+from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
+from sexpgpu.ir.node import Graph
+from sexpgpu.ir.ops import FUSED, Op
+from sexpgpu.runtime.devices import Device as DeviceId
+from sexpgpu.runtime.devices import require_capability
+from sexpgpu.runtime.memory import MemoryPlan, detect_budget
+
+__all__ = ["CudaDevice", "TorchKernels"]
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise SexpgpuError(
+            "E-DEV-002",
+            "the cuda device needs PyTorch, which is not installed",
+            "--device",
+            hint="pip install 'sexpgpu[cuda]' (a CUDA build of PyTorch), or use --device cpu",
+        ) from None
+    return torch
+
+
+class TorchKernels:
+    """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda)."""
+
+    has_activations = True
+
+    def __init__(self, compiled: CompiledRun, device: Any) -> None:
+        from sexpgpu.devices.cuda.executor import TorchGraph
+
+        self.compiled = compiled
+        self.params = compiled.params
+        self.device = device
+        self._train = TorchGraph(compiled.train_graph, device)
+        self._eval = TorchGraph(compiled.eval_graph, device)
+        self._activations: Any = None
+        self._graph = TorchGraph
+
+    @property
+    def last_peak_bytes(self) -> int:
+        """The allocator's high-water mark on a GPU; the planned live set elsewhere."""
+        torch = _torch()
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return int(self._train.planned_peak_bytes)
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        return self.compiled.init_params(seed)
+
+    def train_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
+        out = self._train({**batch, **params})
+        return out["loss"], {name: out[GRAD_PREFIX + name] for name in self.params}
+
+    def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
+        out = self._eval({**batch, **params})
+        return out["loss"], out.get("output")
+
+    def activation_rms(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
+        if self._activations is None:
+            self._activations = self._graph(self.compiled.activation_graph, self.device)
+        out = self._activations({**batch, **params})
+        return {path: float(value) for path, value in out.items()}
+
+    def report_lines(self) -> list[str]:
+        return self._train.report_lines()
+
+
+class CudaDevice:
+    """The ``cuda`` device (see the module docstring).
+
+    Parameters
+    ----------
+    torch_device
+        ``"cuda"`` (the default), or ``"cpu"`` to run the same lowering on
+        PyTorch's CPU device (tests).
+    """
+
+    name = "cuda"
+
+    def __init__(self, torch_device: str = "cuda") -> None:
+        self.torch = _torch()
+        self.kind = torch_device
+
+    # -- plan and report ----------------------------------------------------------------
+
+    def plan(
+        self,
+        compiled: CompiledRun,
+        *,
+        moments: int,
+        ranks: int,
+        memory: int | None,
+        microbatches: int = 1,
+    ) -> MemoryPlan:
+        """What one GPU holds at once, by part, from the graphs alone (nothing allocated).
+
+        Parameters, optimizer moments and (with several microbatches) the
+        gradient buffers are float32 for the whole run; the largest graph's
+        live set (its constants apart) comes from the executor's schedule;
+        the optimizer's update needs a few temporaries of the largest parameter.
+        """
+        del ranks  # each rank has a GPU of its own
+        budget = detect_budget(self._budget_device(), memory)
+        live, _ = self._live_set(compiled)
+        params = 4 * compiled.param_count
+        constants = _constant_bytes(compiled.train_graph)
+        fed = _fed_param_bytes(compiled.train_graph)
+        largest = max((4 * info.size for info in compiled.params.values()), default=0)
+        parts = {
+            "parameters": params,
+            "optimizer": moments * params,
+            "gradients": params if microbatches > 1 else 0,
+            "constants": constants,
+            "activations": max(0, live - fed - constants),
+            "workspace": 3 * largest,
+        }
+        return MemoryPlan(budget, parts)
+
+    def _budget_device(self) -> str:
+        torch = self.torch
+        if self.kind == "cuda" and torch.cuda.is_available() and torch.cuda.device_count():
+            return "cuda:0"
+        return "cpu"
+
+    def _live_set(self, compiled: CompiledRun) -> tuple[int, Any]:
+        """(bytes, node at the peak) of the larger of the training and evaluation graphs."""
+        from sexpgpu.devices.cuda.executor import TorchGraph
+
+        where = self.torch.device("cpu")  # planning allocates only the graphs' small constants
+        plans = [TorchGraph(g, where) for g in (compiled.train_graph, compiled.eval_graph)]
+        biggest = max(plans, key=lambda p: p.planned_peak_bytes)
+        return biggest.planned_peak_bytes, biggest.peak_node
+
+    def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
+        """Device and capability, patterns matched and where, kernels, attention, the plan."""
+        from sexpgpu.devices.cuda.executor import TorchGraph
+
+        lines = [self._device_line()]
+        lines += _pattern_lines(compiled.train_graph)
+        graph = TorchGraph(compiled.train_graph, self.torch.device(self._report_device()))
+        lines += graph.report_lines()
+        lines.append(plan.line())
+        _, node = self._live_set(compiled)
+        if node is not None:
+            where = f" at {node.span}" if node.span is not None else ""
+            lines.append(f"memory: the live set peaks at {node.op.label}{where}")
+        return lines
+
+    def _report_device(self) -> str:
+        return "cuda:0" if self._budget_device() != "cpu" else "cpu"
+
+    def _device_line(self) -> str:
+        torch = self.torch
+        if self._budget_device() == "cpu":
+            where = "PyTorch's CPU device" if self.kind == "cpu" else "no GPU visible"
+            return f"device: cuda lowering on {where} (torch {torch.__version__})"
+        major, minor = torch.cuda.get_device_capability(0)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return (
+            f"device: cuda:0 {torch.cuda.get_device_name(0)}, compute capability "
+            f"{major}.{minor}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+            f"cuDNN {cudnn or 'none'}"
+        )
+
+    # -- load -----------------------------------------------------------------------------
+
+    def load(self, compiled: CompiledRun, where: DeviceId) -> TrainState:
+        """A rank's program on GPU `where` (refused below compute capability 8.0)."""
+        from sexpgpu.devices.cuda.arrays import TorchOps
+
+        torch = self.torch
+        if self.kind == "cuda":
+            require_capability([where])
+            device = torch.device("cuda", where.index)
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        return TrainState(TorchKernels(compiled, device), TorchOps(device))
+
+
+def _pattern_lines(graph: Graph) -> list[str]:
+    """``pattern attention x12 at gpt.lisp:31:14 (fused kernel)``: each fused op and where."""
+    seen: Counter = Counter()
+    for node in graph.nodes():
+        if node.op in FUSED:
+            line = f"{node.span.source.name}:{node.span.line}" if node.span else "?"
+            seen[(node.op, line)] += 1
+    return [
+        f"pattern: {op.label} x{count} from {where}"
+        for (op, where), count in sorted(seen.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
+    ]
+
+
+def _constant_bytes(graph: Graph) -> int:
+    from sexpgpu.devices.cuda.executor import _made_once_bytes
+
+    return sum(_made_once_bytes(n) for n in graph.nodes() if n.op in (Op.CONSTANT, Op.IOTA))
+
+
+def _fed_param_bytes(graph: Graph) -> int:
+    return sum(4 * n.size for n in graph.nodes() if n.op is Op.PARAM)

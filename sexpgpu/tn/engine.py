@@ -210,6 +210,8 @@ def _log_peaks(plan: Plan, reports: Sequence[RankReport]) -> None:
             format_bytes(planned),
             stored or "none",
         )
+        for line in report.splits:
+            logger.debug("SRC rank %d: %s", rank, line)
     unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is in KiB on Linux
     maxrss = rusage.getrusage(rusage.RUSAGE_SELF).ru_maxrss * unit
     logger.debug(

@@ -70,17 +70,19 @@ def site_feed(
     """
     single = ctx.size == 1
     source = _prefetched(stack, order, work, xp, upload=single) if ctx.rank == 0 else None
-    for j in order:
-        host = None
+    try:
+        for j in order:
+            host = None
+            if source is not None:
+                got, host = next(source)
+                assert got == j
+            if single:
+                yield j, _on_device(xp, host)
+            else:
+                yield j, _distribute(ctx, xp, stack, j, work, host)
+    finally:
         if source is not None:
-            got, host = next(source)
-            assert got == j
-        if single:
-            yield j, _on_device(xp, host)
-        else:
-            yield j, _distribute(ctx, xp, stack, j, work, host)
-    if source is not None:
-        source.close()
+            source.close()  # stops the read-ahead thread
 
 
 def _on_device(xp: Backend, cores: list[Any]) -> list[Array]:

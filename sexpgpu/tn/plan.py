@@ -189,7 +189,8 @@ def _rtl_elements(
     held = 2 * cores + cols * lefts + e * rights + rows * cols + 2 * c * lefts
     if root:  # the gathered sketch, its Q and R
         held += 2 * rows * size + size * size + c * rows
-    return held + (rows * lefts if hold_z else tile_work)
+    # a tile of intermediates makes Z's blocks; held, they stay for the projection
+    return held + tile_work + (rows * lefts if hold_z else 0)
 
 
 def _working_set(

@@ -87,7 +87,7 @@ def check_out(fn: str, out: object) -> None:
 
 def _creator(group: object) -> Any:
     """The group's method that makes a dataset from data (h5py, zarr v2 or v3)."""
-    for name in ("create_dataset", "create_array"):
+    for name in ("create_array", "create_dataset"):
         method = getattr(group, name, None)
         if callable(method):
             return method

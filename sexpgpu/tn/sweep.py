@@ -151,13 +151,13 @@ def _left_to_right(
         kernel = _checked(job, lambda piece, cores=cores: env_step(xp, piece[0], piece[1], cores))
         for a, b in row_blocks(cols, plan.env_tile):
             part = run_with_split(
-                kernel, (env[a:b], omega[a:b]), state, what=f"the left-to-right product, site {j}"
+                kernel, (env[a:b], omega[a:b]), state, what=f"site {j}'s left-to-right product"
             )
             xp.copy_into(out[a:b], part)
             del part
         env = out
         store.put(j + 1, env)
-        del cores, omega
+        del cores, omega, kernel
         logger.debug("rank %d: left-to-right: site %d of %d", ctx.rank, j + 1, stack.n_sites - 1)
 
 
@@ -219,7 +219,7 @@ def _rtl_step(
         return z.reshape(z.shape[0] * ud, -1)
 
     z_kernel = _checked(job, z_of)
-    what = f"the right-to-left product, site {j}"
+    what = f"site {j}'s right-to-left product"
     held, parts = [], []
     for a, b in blocks:
         if plan.hold_z:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tn_helpers import EXACT_TOL, dense, dense_stack, make_stack, rel_error, ttsvd_error
 
-from sexpgpu.tn import Resources, apply, compress, src
+from sexpgpu.tn import apply, compress, src
 
 # Every stack shape: S an MPS, O an MPO, in mathematical order.
 SHAPES = ["S", "O", "OS", "OO", "OOS", "SO", "SOO", "OOO"]
@@ -148,23 +148,6 @@ def test_two_site_stacks_are_exact_with_a_warning(shape, caplog):
     assert rel_error(one, target) == pytest.approx(best, rel=1e-8)
 
 
-@pytest.mark.parametrize("shape", ["OS", "OO", "SOO"])
-def test_tiny_host_budget_batches_and_spills_to_disk(tmp_path, caplog, shape):
-    # One sketch column and one projected row per product, every environment on
-    # disk: the same result.
-    stack = make_stack(shape, 8, np.random.default_rng(3), np.complex128, chi=8, bond=3)
-    whole = src(*stack, chi_out=6, seed=1)
-    tiny = Resources(host_memory="1B", scratch_dir=tmp_path / "scratch")
-    with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
-        spilled = src(*stack, chi_out=6, seed=1, resources=tiny)
-    assert "env batch=1," in caplog.text
-    assert "projected rows per block=1," in caplog.text
-    assert "environments on disk" in caplog.text
-    assert list((tmp_path / "scratch").iterdir()) == []  # scratch files removed
-    for a, b in zip(whole, spilled, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
-
-
 def _raw_train(rng, n, bond, legs):
     """A train with the same bond everywhere (bigger than the edges need)."""
     sites = []
@@ -186,24 +169,3 @@ def test_rectangular_legs_and_oversized_edge_bonds_are_exact():
         assert rel_error(out, dense_stack(stack)) < 1e-12
         # bonds never exceed the exact rank bound at the edges
         assert out[0].shape[0] <= np.prod(out[0].shape[1:])
-
-
-def test_out_of_memory_halves_the_batch(monkeypatch, caplog):
-    import sexpgpu.tn.sweep as sweep_module
-
-    stack = make_stack("OS", 6, np.random.default_rng(6), chi=8, bond=3)
-    whole = src(*stack, chi_out=5, seed=2)
-    real = sweep_module.env_step
-
-    def fragile(env, omega, cores):
-        if env.shape[0] > 2:
-            raise MemoryError
-        return real(env, omega, cores)
-
-    monkeypatch.setattr(sweep_module, "env_step", fragile)
-    with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
-        halved = src(*stack, chi_out=5, seed=2)
-    assert "out of memory in a batch of 5 columns; 3 from now on" in caplog.text
-    assert "2 from now on" in caplog.text
-    for a, b in zip(whole, halved, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -1,0 +1,154 @@
+"""The cuda device end to end: runs on its lowering equal runs on the interpreter.
+
+In CI the lowering runs on PyTorch's CPU device (``CudaDevice("cpu")``, an
+internal switch); the tests marked ``gpu`` run the same on a GPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sexpgpu.devices.cuda.device import CudaDevice
+from sexpgpu.runtime.oom import FailureInjector
+from sexpgpu.train import load_checkpoint, prepare_run
+from sexpgpu.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = pytest.mark.gpu
+
+MLP = """
+(defdata digits (digits) :split 0.9)
+(defmodel mlp (x) (-> x (linear 32) gelu (linear 10)))
+(defrun train
+  :model mlp :data digits :loss (cross-entropy (mlp x) y)
+  :optimizer (adamw :lr 1e-2 :betas [0.9 0.95] :weight-decay 0.1)
+  :schedule (cosine :warmup 3 :floor 0.1) :clip 0.5
+  :batch 16 :microbatches 2 :steps 8 :seed 3 :dtype DTYPE
+  :eval (every 4 :batches 2)
+  :checkpoint (every 4 "checkpoints")
+  :diagnostics ((grad-norm :every 2) (activation-rms :every 4)))
+"""
+
+
+def _losses(run_dir: Path, name: str = "train/loss") -> list[float]:
+    records = read_metrics(run_dir / "metrics.jsonl")
+    return [r["value"] for r in sorted(records, key=lambda r: r["step"]) if r["name"] == name]
+
+
+def _notes(run_dir: Path) -> list[str]:
+    records = read_metrics(run_dir / "metrics.jsonl")
+    return [r["value"] for r in records if r["name"] == "annotation"]
+
+
+def _file(tmp_path: Path, dtype: str = "f32") -> Path:
+    path = tmp_path / "mlp.lisp"
+    path.write_text(MLP.replace("DTYPE", dtype))
+    return path
+
+
+def _backend(kind: str) -> CudaDevice | None:
+    if kind == "cpu":
+        return None  # the interpreter
+    if kind == "cuda":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("no GPU")
+        return CudaDevice("cuda")
+    return CudaDevice("cpu")
+
+
+def _run(path: Path, out: Path, kind: str, **kw):
+    trainer = prepare_run(path, out=out, backend=_backend(kind), **kw)
+    return trainer, trainer.run()
+
+
+@pytest.mark.parametrize("kind", ["torch-cpu", pytest.param("cuda", marks=GPU)])
+def test_mlp_run_equals_the_interpreter(tmp_path: Path, kind: str) -> None:
+    path = _file(tmp_path)
+    _, ref = _run(path, tmp_path / "cpu", "cpu")
+    trainer, ours = _run(path, tmp_path / kind, kind)
+    tol = 1e-5 if kind != "cuda" else 1e-4
+    np.testing.assert_allclose(_losses(tmp_path / kind), _losses(tmp_path / "cpu"), rtol=tol)
+    for name in ("eval/loss", "eval/accuracy", "train/grad_norm", "diag/grad-norm"):
+        np.testing.assert_allclose(
+            _losses(tmp_path / kind, name), _losses(tmp_path / "cpu", name), rtol=tol, atol=1e-6
+        )
+    for key, value in ref.params.items():
+        np.testing.assert_allclose(ours.params[key], value, rtol=10 * tol, atol=10 * tol)
+    assert ours.loss < _losses(tmp_path / kind)[0]  # it learns
+    notes = _notes(tmp_path / kind)
+    assert any(n.startswith("memory: plan") for n in notes)
+    assert any(n.startswith("pattern: cross-entropy") for n in notes)
+    assert any(n.startswith("lowering: matmul") for n in notes)
+    assert ours.memory is not None and ours.memory.startswith("memory: peak")
+    assert len(_losses(tmp_path / kind, "runtime/peak_bytes")) == 8
+    assert trainer.report[0].startswith("device: cuda")
+
+
+@pytest.mark.parametrize("kind", ["torch-cpu", pytest.param("cuda", marks=GPU)])
+def test_bf16_run_is_close_to_the_interpreter(tmp_path: Path, kind: str) -> None:
+    path = _file(tmp_path, "bf16")
+    _run(path, tmp_path / "cpu", "cpu")
+    _run(path, tmp_path / kind, kind)
+    np.testing.assert_allclose(_losses(tmp_path / kind), _losses(tmp_path / "cpu"), rtol=2e-2)
+
+
+CROSSINGS = [
+    ("cpu", "torch-cpu"),
+    ("torch-cpu", "cpu"),
+    pytest.param("cpu", "cuda", marks=GPU),
+    pytest.param("cuda", "cpu", marks=GPU),
+]
+
+
+@pytest.mark.parametrize(("first", "second"), CROSSINGS)
+def test_checkpoints_cross_devices(tmp_path: Path, first: str, second: str) -> None:
+    """Train 4 steps on one device, resume to 8 on the other: as 8 steps on one."""
+    path = _file(tmp_path)
+    _run(path, tmp_path / "whole", "cpu")
+    _run(path, tmp_path / "split", first, steps=4)
+    state = load_checkpoint(str(tmp_path / "split" / "checkpoints")).state
+    assert state["device"] in ("cpu", "cuda")
+    _run(path, tmp_path / "split", second, resume="latest")
+    whole, split = _losses(tmp_path / "whole"), _losses(tmp_path / "split")
+    np.testing.assert_allclose(split, whole, rtol=1e-4)
+
+
+def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path) -> None:
+    path = _file(tmp_path)
+    trainer = prepare_run(path, out=tmp_path / "run", backend=CudaDevice("cpu"))
+    inject = FailureInjector(calls=[3])
+    make = trainer.make_program
+
+    def injected(rank):
+        program = make(rank)
+        program._inject = inject
+        return program
+
+    trainer.make_program = injected
+    trainer.run()
+    assert inject.failures == 1
+    notes = _notes(tmp_path / "run")
+    assert any(n.startswith("memory: allocation failed in training step") for n in notes)
+    _run(path, tmp_path / "clean", "torch-cpu")
+    assert _losses(tmp_path / "run") == _losses(tmp_path / "clean")  # the retry changes nothing
+
+
+def test_explain_prints_the_cuda_plan_for_a_named_card(tmp_path: Path, capsys, monkeypatch) -> None:
+    from sexpgpu.cli import main
+    from sexpgpu.runtime import devices
+
+    monkeypatch.setattr(devices, "visible_gpu_count", lambda: 0)
+    monkeypatch.setenv("SEXPGPU_MEMORY", "40GiB")
+    assert main(["explain", str(ROOT / "examples/gpt.lisp"), "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "; device: cuda lowering on no GPU visible" in out
+    assert "; pattern: attention x12 from" in out
+    assert "; memory: plan " in out and "of 40.0 GiB" in out
+    assert "; memory: the live set peaks at" in out
+    monkeypatch.delenv("SEXPGPU_MEMORY")
+    assert main(["explain", str(ROOT / "examples/gpt.lisp"), "--device", "cuda"]) == 1
+    assert "error[E-DP-001]: no GPU is visible" in capsys.readouterr().err

@@ -294,7 +294,8 @@ class TorchBackend(Backend):
         return self._torch.bmm(a, b)
 
     def adjoint(self, x: Any) -> Any:
-        return x.mH
+        # Materialized, so that every product that reads it takes the same GEMM path.
+        return x.mH.resolve_conj()
 
     def qr(self, x: Any) -> tuple[Any, Any]:
         q, r = self._torch.linalg.qr(x, mode="reduced")

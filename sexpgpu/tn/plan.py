@@ -37,7 +37,7 @@ __all__ = [
     "column_blocks",
     "cut_ranks",
     "make_plan",
-    "minimum_budget",
+    "minimum_budgets",
     "row_blocks",
 ]
 
@@ -312,11 +312,14 @@ def _tiers(
     return tuple(tiers), totals
 
 
-def minimum_budget(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> int:
-    """The smallest shared (host-backend) budget that `make_plan` accepts, in bytes."""
+def minimum_budgets(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> tuple[int, int]:
+    """The smallest ``(device, host)`` budgets `make_plan` accepts, in bytes.
+
+    On a host backend (one memory) the smallest budget is their sum.
+    """
     item = work.itemsize
     per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
     tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
     blocks = column_blocks(size, ranks)
     lean = _working_set(stack, size, blocks, tile * per_line, hold_z=False) * item
-    return lean + _host_working_set(stack, size, item)
+    return lean, _host_working_set(stack, size, item)

@@ -13,7 +13,7 @@ from tn_helpers import dense_stack, make_stack, rel_error
 from sexpgpu.runtime.oom import FailureInjector
 from sexpgpu.tn import Resources, src
 from sexpgpu.tn.api import run_stack
-from sexpgpu.tn.plan import minimum_budget
+from sexpgpu.tn.plan import minimum_budgets
 from sexpgpu.tn.sketch import work_dtype
 from sexpgpu.tn.trains import normalize_stack
 
@@ -46,7 +46,7 @@ def _run(stack, chi, *, backend=None, inject=None, resources=None, **kw):
 
 def _least(stack, size, ranks=1):
     st = normalize_stack(stack, "src", [f"t{i}" for i in range(len(stack))])
-    return minimum_budget(st, size, work_dtype(st.dtype, st.dtype), ranks)
+    return sum(minimum_budgets(st, size, work_dtype(st.dtype, st.dtype), ranks))
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])

@@ -1,0 +1,217 @@
+"""The torch backend and several devices, simulated on the CPU; real GPUs under ``-m gpu``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+import pytest
+import torch
+from tn_helpers import EXACT_TOL, dense_stack, make_stack, rel_error
+
+from sexpgpu.runtime.group import GroupAborted
+from sexpgpu.tn import Resources, src
+from sexpgpu.tn.api import run_stack
+from sexpgpu.tn.plan import minimum_budgets
+from sexpgpu.tn.trains import normalize_stack
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+CLOSE = {np.float32: 2e-4, np.float64: 1e-10, np.complex64: 2e-4, np.complex128: 1e-10}
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+def _close(a, b, dtype):
+    assert [x.shape for x in a] == [y.shape for y in b]
+    target = np.sqrt(sum(np.vdot(y, y).real for y in b))
+    for x, y in zip(a, b, strict=True):
+        assert x.dtype == y.dtype
+        assert np.linalg.norm(x - y) <= CLOSE[dtype] * max(1.0, target)
+
+
+def _run(stack, chi, *, device="cpu", backend=None, resources=None, **kw):
+    names = [f"trains[{i}]" for i in range(len(stack))]
+    return run_stack(
+        "src",
+        stack,
+        names,
+        chi,
+        kw.get("cutoff", 0.0),
+        kw.get("oversample", 1.0),
+        None,
+        kw.get("seed", 4),
+        device,
+        resources,
+        backend=backend,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", ["OS", "OO", "SOO", "OOS"])
+def test_torch_backend_matches_numpy(shape, dtype):
+    stack = make_stack(shape, 6, np.random.default_rng(2), dtype, chi=6, bond=2)
+    numpy_out = _run(stack, 4, oversample=1.5)
+    torch_out = _run(stack, 4, oversample=1.5, backend="torch")
+    assert all(type(o) is np.ndarray for o in torch_out)
+    _close(torch_out, numpy_out, dtype)
+    exact = _run(stack, 64, backend="torch")
+    assert rel_error(exact, dense_stack(stack)) < EXACT_TOL[dtype]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("ranks", [2, 3, 5])
+def test_simulated_devices_split_the_sketch_and_agree(backend, ranks):
+    stack = make_stack("OOS", 7, np.random.default_rng(5), np.complex128, chi=8, bond=2)
+    one = _run(stack, 5, backend=backend, oversample=1.4)
+    many = _run(stack, 5, backend=backend, oversample=1.4, resources=Resources(devices=ranks))
+    _close(many, one, np.complex128)
+    exact = _run(stack, 64, backend=backend, resources=Resources(devices=ranks))
+    assert rel_error(exact, dense_stack(stack)) < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_one_device_in_a_group_gives_the_single_device_bits(backend):
+    stack = make_stack("OS", 6, np.random.default_rng(7), chi=8, bond=3)
+    solo = _run(stack, 5, backend=backend)
+    _same(_run(stack, 5, backend=backend, resources=Resources(devices=1)), solo)
+    _same(_run(stack, 5, backend=backend, resources=Resources(devices=[3])), solo)
+
+
+def test_more_devices_than_sketch_columns():
+    stack = make_stack("OS", 5, np.random.default_rng(1), chi=6, bond=2)
+    one = _run(stack, 2)
+    _close(_run(stack, 2, resources=Resources(devices=4)), one, np.float64)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_ranks_agree_on_the_cutoff_rank(backend):
+    rng = np.random.default_rng(3)
+    stack = make_stack("OS", 7, rng, chi=10, bond=3, decay=1.5)
+    one = _run(stack, 8, backend=backend, cutoff=1e-3)
+    many = _run(stack, 8, backend=backend, cutoff=1e-3, resources=Resources(devices=3))
+    assert [o.shape for o in many] == [o.shape for o in one]
+    assert max(o.shape[0] for o in one[1:]) < 8  # the cutoff did cut
+
+
+def test_a_failing_rank_aborts_the_group_without_hanging(monkeypatch):
+    import sexpgpu.tn.sweep as sweep_module
+
+    real = sweep_module.right_block
+
+    def broken(xp, proj, cores):
+        if threading.current_thread().name == "sexpgpu-rank-1":
+            raise ValueError("rank 1 broke")
+        return real(xp, proj, cores)
+
+    monkeypatch.setattr(sweep_module, "right_block", broken)
+    stack = make_stack("OS", 6, np.random.default_rng(1), chi=6, bond=2)
+    with pytest.raises((ValueError, GroupAborted), match="rank 1 broke"):
+        _run(stack, 4, resources=Resources(devices=3))
+
+
+def test_plan_and_peaks_are_logged_per_rank(caplog):
+    stack = make_stack("OS", 6, np.random.default_rng(1), chi=6, bond=2)
+    with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
+        _run(stack, 4, resources=Resources(devices=2), backend="torch")
+    text = caplog.text
+    assert "SRC plan" in text and "devices=cpu:0,cpu:1" in text and "ranks=2" in text
+    assert "SRC peaks, rank 0" in text and "SRC peaks, rank 1" in text
+
+
+def test_torch_is_not_imported_by_the_numpy_sweep():
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, sys; from sexpgpu.tn import src, Resources;"
+        "r = np.random.default_rng(0);"
+        "psi = [r.standard_normal((2, 2))] + [r.standard_normal((2, 2, 2))] * 3 + "
+        "[r.standard_normal((2, 2))];"
+        "src(psi, chi_out=2, resources=Resources(devices=2)); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ----- on a GPU (python -m pytest -m gpu tests/tn) ------------------------------------------
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", ["OS", "OO", "SOO", "OOS"])
+def test_gpu_matches_cpu_and_the_exact_product(shape, dtype):
+    stack = make_stack(shape, 8, np.random.default_rng(11), dtype, chi=8, bond=3)
+    cpu = src(*stack, chi_out=6, seed=3, oversample=1.5)
+    for device in ("gpu", "cuda"):
+        gpu = src(*stack, chi_out=6, seed=3, oversample=1.5, device=device)
+        assert all(type(o) is np.ndarray for o in gpu)
+        _close(gpu, cpu, dtype)
+    exact = src(*stack, chi_out=256, seed=3, device="gpu")
+    assert rel_error(exact, dense_stack(stack)) < EXACT_TOL[dtype]
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_lazy_inputs_and_out_of_core_budgets_give_the_same_bits(tmp_path, caplog):
+    stack = make_stack("OOS", 10, np.random.default_rng(2), np.complex128, chi=16, bond=3)
+    mm = []
+    for i, train in enumerate(stack):
+        sites = []
+        for j, site in enumerate(train):
+            np.save(tmp_path / f"{i}-{j}.npy", site)
+            sites.append(np.load(tmp_path / f"{i}-{j}.npy", mmap_mode="r"))
+        mm.append(sites)
+    large = src(*stack, chi_out=12, seed=0, device="gpu")
+    st = normalize_stack(stack, "src", ["a", "b", "c"])
+    device_least, host_least = minimum_budgets(st, 12, np.dtype(np.complex128))
+    with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
+        tiny = src(
+            *mm,
+            chi_out=12,
+            seed=0,
+            device="gpu",
+            resources=Resources(
+                gpu_memory=device_least, host_memory=host_least, scratch_dir=tmp_path / "scratch"
+            ),
+        )
+    _same(large, tiny)
+    assert "environments: disk" in caplog.text and "Z recomputed" in caplog.text
+    assert "SRC peaks, rank 0: device" in caplog.text
+    # pinned host memory, when there is room for it
+    with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
+        pinned = src(
+            *stack,
+            chi_out=12,
+            seed=0,
+            device="gpu",
+            resources=Resources(gpu_memory=device_least, host_memory="1GiB"),
+        )
+    _same(large, pinned)
+    assert "environments: host" in caplog.text
+    with pytest.raises(MemoryError, match="gpu_memory budget"):
+        src(*stack, chi_out=12, seed=0, device="gpu", resources=Resources(gpu_memory="1kB"))
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_devices_split_and_agree():
+    count = torch.cuda.device_count()
+    stack = make_stack("OOS", 9, np.random.default_rng(8), np.complex128, chi=10, bond=3)
+    one = src(*stack, chi_out=7, seed=1, device="gpu")
+    _same(src(*stack, chi_out=7, seed=1, device="gpu", resources=Resources(devices=1)), one)
+    # several ranks on one GPU still exercise the gathers; real peers when there are several
+    ids = list(range(count)) if count > 1 else None
+    if ids:
+        many = src(*stack, chi_out=7, seed=1, device="gpu", resources=Resources(devices=ids))
+        _close(many, one, np.complex128)
+    exact = src(*stack, chi_out=512, seed=1, device="gpu", resources=Resources(devices=ids or 1))
+    assert rel_error(exact, dense_stack(stack)) < 1e-12

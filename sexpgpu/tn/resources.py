@@ -98,17 +98,19 @@ class Resources:
     Parameters
     ----------
     gpu_memory : int or str, optional
-        Device memory the sweep may use (``device="gpu"``); ignored on the CPU.
+        Device memory the sweep may use per GPU (``device="gpu"``); ignored on
+        the CPU. Detected when unset: the free memory less 1 GiB and 5%.
     host_memory : int or str, optional
         Host memory the sweep may use for its working set and the stored
         environments. Detected when unset: the available memory less 10%.
-        Environments that do not fit go to ``scratch_dir``.
+        Environments that fit in neither go to ``scratch_dir``. A budget
+        smaller than the working set is a `MemoryError` when the sweep starts.
     scratch_dir : str or os.PathLike, optional
         Directory for environments that do not fit in ``host_memory``.
         Defaults to ``tempfile.gettempdir()`` (which honours ``$TMPDIR``).
     devices : int or sequence of int, optional
-        GPUs to split the sweep over: a count or a list of ids. The CPU sweep
-        runs on one device whatever this says, with the same result.
+        GPUs to split the sketch columns over: a count or a list of ids. On
+        the CPU, that many simulated ranks.
     """
 
     gpu_memory: int | str | None = None

@@ -51,7 +51,7 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
         path.write_text(GPT.format(**vars(args)))
         trainer = prepare_run(path, out=Path(tmp) / "run", device="cuda")
         summary = trainer.run()
-        records = read_metrics(Path(tmp) / "run" / "metrics.jsonl")
+        records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
     times = [r["value"] for r in records if r["name"] == "train/step_time_s"][args.warmup :]
     peaks = [r["value"] for r in records if r["name"] == "runtime/peak_bytes"]
     losses = [r["value"] for r in records if r["name"] == "train/loss"]

@@ -28,7 +28,10 @@ from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.devices import require_capability
 from sexpgpu.runtime.memory import MemoryPlan, detect_budget
 
-__all__ = ["CudaDevice", "TorchKernels"]
+__all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "TorchKernels"]
+
+# cuBLAS's workspace on Hopper as PyTorch sizes it (CUBLAS_WORKSPACE_CONFIG :4096:8).
+CUBLAS_WORKSPACE = 32 * 2**20
 
 
 def _torch() -> Any:
@@ -123,7 +126,8 @@ class CudaDevice:
         Parameters, optimizer moments and (with several microbatches) the
         gradient buffers are float32 for the whole run; the largest graph's
         live set (its constants apart) comes from the executor's schedule;
-        the optimizer's update needs a few temporaries of the largest parameter.
+        the workspace is cuBLAS's (PyTorch takes it from its caching allocator)
+        and the optimizer's temporaries, a few of the largest parameter.
         """
         del ranks  # each rank has a GPU of its own
         budget = detect_budget(self._budget_device(), memory)
@@ -138,7 +142,7 @@ class CudaDevice:
             "gradients": params if microbatches > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            "workspace": 3 * largest,
+            "workspace": CUBLAS_WORKSPACE + 3 * largest,
         }
         return MemoryPlan(budget, parts)
 

@@ -78,6 +78,7 @@ CODES: dict[str, str] = {
     "E-DP-007": "a node did not arrive within 300 s, or left the run",
     "E-MEM-001": "no memory plan fits the card",
     "E-DEV-001": "the cuda device refuses a GPU below compute capability 8.0",
+    "E-DEV-002": "the cuda device needs PyTorch, which is not installed",
     # IR shapes and dtypes
     "E-SHAPE-001": "shapes do not broadcast",
     "E-SHAPE-002": "dtype not accepted by an operation, or operand dtypes differ",
@@ -109,6 +110,7 @@ CODES: dict[str, str] = {
     "E-DATA-004": "data field missing, or fields of different lengths",
     "E-DATA-005": "unknown data source or bad data option",
     "E-DATA-006": "an id in the data is out of range for the model (vocabulary or classes)",
+    "E-DATA-007": "float data holds NaN or infinite values",
     # training runs
     "E-TRAIN-001": "unknown optimizer, schedule or diagnostic, or a bad option of one",
     "E-TRAIN-002": "the loss became NaN or infinite",

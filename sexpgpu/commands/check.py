@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from sexpgpu.commands.explain import model_section
 from sexpgpu.lang import Experiment, RunDef, load_experiment, unparse
+from sexpgpu.lang.paths import file_problem
 from sexpgpu.lang.values import show_value
 
 __all__ = ["LANGUAGE_SECTIONS", "SECTIONS", "Section", "add_arguments", "main", "render_report"]
@@ -59,9 +59,11 @@ def _data(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
     for data in experiment.data.values():
         source = f"({data.kind}{'' if data.path is None else ' ' + show_value(str(data.path))})"
         settings = [f"{key} {_show(value)}" for key, value in data.options.items()]
-        if data.path is not None and not Path(data.path).is_file():
+        problem = None if data.path is None else file_problem(data.path)
+        if problem is not None:
             # check reads no data, but a file that is not there is worth saying before a run.
-            settings.append("file not found (`run` stops with E-DATA-001)")
+            what = "file not found" if problem[0] == "does not exist" else problem[0]
+            settings.append(f"{what} (`run` stops with E-DATA-001)")
         rows.append((data.name, source, ", ".join(settings)))
     return _table(rows)
 

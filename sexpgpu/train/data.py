@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import os
 import sysconfig
+import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.ir.trace_data import NpyMember, npz_members, read_npy_header
+from sexpgpu.lang.paths import file_problem
+from sexpgpu.runtime.units import format_bytes
 
 __all__ = [
     "SOURCES",
@@ -114,21 +119,18 @@ def _seq(data: Any) -> int:
 
 
 def _existing_file(data: Any) -> Path:
-    path = Path(data.path) if data.path is not None else None
-    if path is None or not path.is_file():
-        # A folder or a device may be there, but it cannot be memory-mapped: say which.
-        what = "does not exist"
-        hint = "paths in `defdata` are relative to the experiment file; check the name"
-        if path is not None and path.is_dir():
-            what, hint = "is a folder", "name a data file inside it"
-        elif path is not None and path.exists():
-            what, hint = "is not a regular file", "copy the data into a file first"
+    """The data set's file, when it is a regular file with something in it."""
+    problem = None if data.path is None else file_problem(data.path)
+    if data.path is None or problem is not None:
+        # A folder, a FIFO or a device may be there, but none can be read as data: say which.
+        what, hint = problem or ("is not given", "name a data file")
         raise SexpgpuError(
             "E-DATA-001",
-            f"data set `{data.name}`: {path} {what}",
-            str(path) if path is not None else _where(data),
+            f"data set `{data.name}`: {data.path} {what}",
+            str(data.path) if data.path is not None else _where(data),
             hint=hint,
         )
+    path = Path(data.path)
     if path.stat().st_size == 0:
         raise SexpgpuError(
             "E-DATA-002",
@@ -215,11 +217,33 @@ def _check_int32_range(value: np.ndarray, key: str, where: str, name: str) -> No
         )
 
 
+def _check_finite(value: np.ndarray, key: str, where: str, name: str) -> None:
+    """E-DATA-007 when float data holds NaN or infinity (also past float32's range).
+
+    Checked once at load: one NaN sample would make the training loss NaN, or
+    an eval loss print ``nan`` while the run ends as if all were well.
+    """
+    bad = ~np.isfinite(value)
+    if bad.any():
+        count, first = int(bad.sum()), np.unravel_index(int(np.argmax(bad)), value.shape)
+        raise SexpgpuError(
+            "E-DATA-007",
+            f"data set `{name}`: field {key} of {where} holds {count} NaN or infinite "
+            f"value{'s' if count != 1 else ''}, the first at index {list(map(int, first))} "
+            f"({value[first]})",
+            where,
+            hint="clean the data (drop or fill those samples); floats beyond float32's "
+            "range become infinite",
+        )
+
+
 def _sample_arrays(raw: Mapping[str, np.ndarray], where: str, name: str) -> dict[str, np.ndarray]:
     out = {}
     for key, value in raw.items():
         if value.dtype.kind == "f":
-            out[key] = value.astype(np.float32, copy=False)
+            with np.errstate(over="ignore"):  # past float32's range: inf, refused below
+                out[key] = value.astype(np.float32, copy=False)
+            _check_finite(out[key], key, where, name)
         elif value.dtype.kind in "iub":
             _check_int32_range(value, key, where, name)
             out[key] = value.astype(np.int32, copy=False)
@@ -248,27 +272,68 @@ def _field_name(item: Any) -> str:
 @source("arrays")
 def _arrays(data: Any) -> ArraySet:
     path = _existing_file(data)
+    members = npz_members(path, data.name, str(path))
+    wanted = [_field_name(f) for f in data.options.get("fields", ())] or list(members)
+    missing = [f for f in wanted if f not in members]
+    if missing:
+        raise SexpgpuError(
+            "E-DATA-004",
+            f"data set `{data.name}`: {path} has no field {', '.join(missing)}",
+            str(path),
+            hint=f"its fields are {', '.join(members) or 'none'}; fix :fields",
+        )
+    _check_fits_in_memory([members[f] for f in wanted], path, data.name)
+    raw = _read_members(path, [members[f] for f in wanted], data.name)
+    return ArraySet(_sample_arrays(dict(zip(wanted, raw, strict=True)), str(path), data.name),
+                    _split(data), str(path))  # fmt: skip
+
+
+def _memory_bytes() -> int | None:
     try:
-        npz = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_fits_in_memory(members: list[NpyMember], path: Path, name: str) -> None:
+    """E-DATA-003 when the arrays would fill more than half of this machine's memory.
+
+    The loader holds its arrays in memory, so a small compressed file that
+    expands past the memory (an "npz bomb") is refused before it is read.
+    """
+    total, memory = sum(m.nbytes for m in members), _memory_bytes()
+    if memory is not None and total > memory // 2:
+        raise SexpgpuError(
+            "E-DATA-003",
+            f"data set `{name}`: the fields of {path} expand to {format_bytes(total)}, "
+            f"more than half of this machine's {format_bytes(memory)} of memory",
+            str(path),
+            hint="the loader keeps `arrays` data in memory: use a smaller file, or a "
+            "`tokens` file, which is memory-mapped",
+        )
+
+
+def _read_members(path: Path, members: list[NpyMember], name: str) -> list[np.ndarray]:
+    """The arrays of `members`, read (and decompressed) from the .npz at `path`."""
+    out = []
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for m in members:
+                with archive.open(m.member) as handle:
+                    read_npy_header(handle)  # checked by npz_members; now past it
+                    raw = handle.read(m.nbytes)
+                if len(raw) != m.nbytes:
+                    raise ValueError(f"{m.member} ends after {len(raw)} of {m.nbytes} bytes")
+                array = np.frombuffer(raw, dtype=m.dtype)
+                out.append(array.reshape(m.shape, order="F" if m.fortran else "C"))
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, ValueError) as err:
         raise SexpgpuError(
             "E-DATA-001",
-            f"data set `{data.name}`: {path} is not a readable .npz file ({err})",
+            f"data set `{name}`: {path} is not a readable .npz file ({err})",
             str(path),
             hint="write it with numpy.savez",
         ) from None
-    with npz:
-        wanted = [_field_name(f) for f in data.options.get("fields", ())] or list(npz.files)
-        missing = [f for f in wanted if f not in npz.files]
-        if missing:
-            raise SexpgpuError(
-                "E-DATA-004",
-                f"data set `{data.name}`: {path} has no field {', '.join(missing)}",
-                str(path),
-                hint=f"its fields are {', '.join(npz.files) or 'none'}; fix :fields",
-            )
-        raw = {f: npz[f] for f in wanted}
-    return ArraySet(_sample_arrays(raw, str(path), data.name), _split(data), str(path))
+    return out
 
 
 @source("digits")

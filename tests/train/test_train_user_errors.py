@@ -177,7 +177,11 @@ STREAM = """
 
 @pytest.mark.parametrize(
     ("target", "said"),
-    [("folder", "is a folder"), ("/dev/null", "is not a regular file"), ("nope", "does not exist")],
+    [
+        ("folder", "is a folder"),
+        ("/dev/null", "is a device, not a regular file"),
+        ("nope", "does not exist"),
+    ],
 )
 def test_a_data_path_that_is_not_a_file_says_what_it_is(tmp_path, capsys, target, said):
     (tmp_path / "folder").mkdir()

@@ -34,7 +34,8 @@ for part in $parts; do
   tn)
     if [ -f benches/tn_gpu.py ]; then
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn 2>&1 | tee "$OUT/tn_gpu_tests.log" | tail -8
-      timeout 240 python3 benches/tn_gpu.py 2>&1 | tee "$OUT/tn_gpu_bench.log" | tail -12
+      timeout 300 python3 benches/tn_gpu.py --sites 25 50 --chi 1000 --reps 3 --exact \
+        2>&1 | tee "$OUT/tn_gpu_bench.log" | tail -30
     fi ;;
   esac
 done

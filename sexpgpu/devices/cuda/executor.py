@@ -13,7 +13,8 @@ The plan, made when the graph is built:
 * `planned_peak_bytes` is the schedule's largest live set, computed without
   running from torch element sizes (bf16 = 2 bytes): constants always,
   fed leaves from their first to their last use, views sharing their
-  operand's buffer, and the stashed log-sum-exp while it waits.
+  operand's buffer, the stashed log-sum-exp while it waits, and the f32
+  rows cross-entropy's kernels hold while they run.
 
 `report` says which torch kernel each op kind used and which attention
 backend ran.
@@ -171,8 +172,8 @@ class TorchGraph:
             live += extra[i]
             if storage[i] == i:
                 live += nbytes[i]
-            if live > peak:
-                peak, at = live, self.order[i]
+            if live + _temporary_bytes(self.order[i]) > peak:
+                peak, at = live + _temporary_bytes(self.order[i]), self.order[i]
             for s in dying[i]:
                 live -= nbytes[s]
         return peak, at
@@ -277,6 +278,19 @@ def _kernel(op: Op, backends: list[str]) -> str:
     if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
         return f"{KERNELS[op]} ({', '.join(backends)})"
     return KERNELS[op]
+
+
+def _temporary_bytes(node: Node) -> int:
+    """Bytes an op's torch kernels hold only while it runs, beyond its result.
+
+    Cross-entropy and its gradient work on f32 rows: a copy of bf16 logits,
+    and the log-probabilities or probabilities, each ``[rows vocab]`` f32.
+    """
+    if node.op in (Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD):
+        logits = node.inputs[0]
+        copies = 1 if logits.dtype is DType.F32 else 2
+        return copies * 4 * logits.size
+    return 0
 
 
 def _itemsize(dtype: DType) -> int:

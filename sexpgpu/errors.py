@@ -120,6 +120,7 @@ CODES: dict[str, str] = {
     "E-CKPT-003": "resume of a checkpoint written by another experiment",
     "E-CKPT-004": "checkpoint location cannot be used (unsupported scheme, unreachable, "
     "missing s3fs)",
+    "E-CKPT-005": "run folder holds another experiment's or run's records",
     # plotting
     "E-PLOT-001": "plot needs matplotlib (the `plot` extra)",
     "E-PLOT-002": "run directory has no metrics to plot",

@@ -35,7 +35,13 @@ import numpy as np
 
 from sexpgpu.errors import SexpgpuError
 
-__all__ = ["Checkpoint", "Location", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "Location",
+    "experiment_hashes",
+    "load_checkpoint",
+    "save_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +228,35 @@ def save_checkpoint(location: Location, ckpt: Checkpoint) -> str:
     return where
 
 
-def _read_verified(location: Location, step: int) -> Checkpoint:
-    """Read and check one step; raise E-CKPT-002 on anything missing or altered."""
-    from safetensors.numpy import load
+def _damaged(where: str, problem: str) -> SexpgpuError:
+    return SexpgpuError(
+        "E-CKPT-002",
+        f"checkpoint {where} is damaged: {problem}",
+        where,
+        hint="it was altered or cut off; resume from an earlier checkpoint",
+    )
 
+
+# Keys of state.json that the run loop reads, and the JSON types they must have.
+_STATE_TYPES: dict[str, type | tuple[type, ...]] = {
+    "experiment_hash": str,
+    "devices": int,
+    "nodes": int,
+    "optimizer": dict,
+    "loaders": list,
+    "rng": dict,
+}
+Shapes = Mapping[str, tuple[int, ...]]
+
+
+def _read_verified(location: Location, step: int, expect: Shapes | None = None) -> Checkpoint:
+    """Read and check one step; raise E-CKPT-002 on anything missing, altered or malformed.
+
+    The checksums only show that the files are the ones the manifest names;
+    their contents are checked too (a state or safetensors file edited and
+    the manifest rewritten to match), and against `expect` (parameter name ->
+    shape) when given.
+    """
     where = f"{location.where}/step-{step}"
     try:
         manifest = json.loads(location.read(step, "manifest.json"))
@@ -239,51 +270,157 @@ def _read_verified(location: Location, step: int) -> Checkpoint:
             where,
             hint="it was perhaps cut off while being written; resume from an earlier one",
         ) from None
+    sums = manifest.get("files")
+    if not isinstance(sums, dict):
+        raise _damaged(where, f"manifest.json's `files` is {json.dumps(sums)}, not an object")
     for name, blob in blobs.items():
-        if manifest.get("files", {}).get(name) != _sha256(blob):
+        if sums.get(name) != _sha256(blob):
             raise SexpgpuError(
                 "E-CKPT-002",
                 f"checkpoint {where}: {name} does not match the checksum in its manifest",
                 where,
                 hint="the file was altered or damaged; resume from an earlier checkpoint",
             )
-    state = json.loads(blobs["state.json"])
-    return Checkpoint(
-        step=int(state["step"]),
-        params=dict(load(blobs["params.safetensors"])),
-        optimizer=dict(load(blobs["optimizer.safetensors"])),
-        state=state,
-        where=where,
-    )
+    state = _state(blobs["state.json"], step, where)
+    params = _tensors(blobs["params.safetensors"], "params.safetensors", where)
+    optimizer = _tensors(blobs["optimizer.safetensors"], "optimizer.safetensors", where)
+    _check_shapes(params, optimizer, expect, where)
+    return Checkpoint(step=step, params=params, optimizer=optimizer, state=state, where=where)
+
+
+def _state(blob: bytes, step: int, where: str) -> dict[str, Any]:
+    """state.json, checked: an object of the folder's step whose keys have their types."""
+    try:
+        state = json.loads(blob)
+    except ValueError as err:
+        raise _damaged(where, f"state.json is not JSON ({err})") from None
+    if not isinstance(state, dict):
+        raise _damaged(where, "state.json is not a JSON object")
+    if type(state.get("step")) is not int or state["step"] != step:
+        raise _damaged(where, f"state.json's step is {json.dumps(state.get('step'))}, not {step}")
+    for key, kind in _STATE_TYPES.items():
+        if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
+            raise _damaged(where, f"state.json's `{key}` is {json.dumps(state[key])[:60]}")
+    for loader in state.get("loaders", []):
+        if not isinstance(loader, dict) or not all(
+            type(loader.get(k)) is int for k in ("position", "rank", "ranks")
+        ):
+            raise _damaged(where, f"state.json's loader {json.dumps(loader)[:60]} is malformed")
+    return state
+
+
+def _tensors(blob: bytes, name: str, where: str) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load
+
+    try:
+        return dict(load(blob))
+    except Exception as err:  # safetensors raises its own SafetensorError, among others
+        raise _damaged(where, f"{name} does not read as safetensors ({err})") from None
+
+
+def _check_shapes(
+    params: Mapping[str, np.ndarray],
+    optimizer: Mapping[str, np.ndarray],
+    expect: Shapes | None,
+    where: str,
+) -> None:
+    """Moments ("<moment>/<param>") fit their parameters; parameters fit `expect`."""
+    for key, moment in optimizer.items():
+        of = key.split("/", 1)[-1]
+        if of in params and moment.shape != params[of].shape:
+            shapes = f"{list(moment.shape)}, its parameter {list(params[of].shape)}"
+            raise _damaged(where, f"moment {key} is {shapes}")
+    if expect is None:
+        return
+    missing = [n for n in expect if n not in params]
+    if missing:
+        raise _damaged(where, f"parameter {missing[0]} is missing ({len(missing)} in all)")
+    for name, shape in expect.items():
+        if tuple(params[name].shape) != tuple(shape):
+            shapes = f"{list(params[name].shape)}, the model's {list(shape)}"
+            raise _damaged(where, f"parameter {name} is {shapes}")
+    extra = [n for n in params if n not in expect]
+    if extra:
+        raise _damaged(where, f"parameter {extra[0]} is not in the model")
 
 
 def load_checkpoint(
-    where: str | Path, storage_options: Mapping[str, Any] | None = None
+    where: str | Path,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    experiment_hash: str | None = None,
+    max_step: int | None = None,
+    expect: Shapes | None = None,
 ) -> Checkpoint:
     """Load a checkpoint: a ``step-N`` folder, or the newest complete one of a location.
 
     A damaged or incomplete ``step-N`` named directly is an error
     (E-CKPT-002); in a location, damaged ones are skipped with a warning and
     listed in `Checkpoint.skipped`. No complete checkpoint is E-CKPT-001.
+
+    Parameters
+    ----------
+    where
+        A ``step-N`` folder, or a location holding them.
+    storage_options
+        Passed to fsspec for remote locations.
+    experiment_hash
+        In a location, take only checkpoints of this experiment: others (a
+        run folder shared by two experiments) are passed over with a note.
+        None takes any (the caller compares the hash, E-CKPT-003).
+    max_step
+        In a location, take only checkpoints at or below this step (an older,
+        longer run's later ones are passed over). None takes any.
+    expect
+        Parameter name -> shape of the model: a checkpoint whose parameters
+        are missing, extra or of another shape is damaged (skipped in a
+        location, E-CKPT-002 when named directly).
     """
     text = str(where).rstrip("/")
     parent, _, leaf = text.rpartition("/")
     if (m := _STEP.match(leaf)) and parent:
-        return _read_verified(Location(parent, storage_options), int(m[1]))
+        return _read_verified(Location(parent, storage_options), int(m[1]), expect)
     location = Location(text, storage_options)
-    skipped = []
+    skipped: list[str] = []
+    passed: list[str] = []  # sound checkpoints that are not this run's
     for step in location.steps():
+        if max_step is not None and step > max_step:
+            passed.append(f"step-{step} is past step {max_step}")
+            continue
         try:
-            ckpt = _read_verified(location, step)
+            ckpt = _read_verified(location, step, expect)
         except SexpgpuError as err:
             log.warning("checkpoint: skipping %s/step-%d: %s", text, step, err.message)
             skipped.append(err.message)
             continue
+        other = ckpt.state.get("experiment_hash")
+        if experiment_hash is not None and other != experiment_hash:
+            log.info("checkpoint: passing over %s: experiment %s", ckpt.where, str(other)[:12])
+            passed.append(f"step-{step} is of experiment {str(other)[:12]}")
+            continue
         ckpt.skipped = skipped
         return ckpt
+    others = f" of this run ({'; '.join(passed[:3])}{'...' if len(passed) > 3 else ''})"
     raise SexpgpuError(
         "E-CKPT-001",
-        f"no complete checkpoint in {text}",
+        f"no complete checkpoint in {text}" + (others if passed else ""),
         text,
         hint="run without --resume to start afresh, or name a checkpoint folder step-N",
     )
+
+
+def experiment_hashes(location: Location) -> set[str]:
+    """The experiment hashes of the checkpoints in `location` (read from each state.json).
+
+    A folder whose state cannot be read adds nothing: it is damaged, and
+    `load_checkpoint` skips it anyway.
+    """
+    hashes = set()
+    for step in location.steps():
+        try:
+            state = json.loads(location.read(step, "state.json"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and isinstance(state.get("experiment_hash"), str):
+            hashes.add(state["experiment_hash"])
+    return hashes

@@ -1,0 +1,167 @@
+"""Who a run folder belongs to: ``run.json``, claimed before a run writes anything.
+
+A run folder (``runs/RUN-NAME`` or ``--out``) holds one experiment's run:
+its ``metrics.jsonl``, ``status.json`` and (by default) its checkpoints. Two
+experiments with the same run name would otherwise share one folder, and a
+resume would continue from the other's checkpoint and join the two metrics
+files. `claim_run_folder` writes ``run.json`` (the experiment hash and run
+name) on a fresh start and checks it on every later start:
+
+=====================================  =========================================
+the folder holds                       outcome
+=====================================  =========================================
+nothing                                claimed, fresh
+this experiment's run.json, resume     continue (the loader then takes only
+                                       this experiment's checkpoints)
+this experiment's run.json, fresh,     start anew, said in `RunClaim.note`
+no checkpoints                         (the old metrics are replaced)
+this experiment's checkpoints, fresh   E-CKPT-005: resume it or clear them
+another experiment's or run's          E-CKPT-005, naming both
+records (run.json or checkpoints)
+records without run.json (older        adopted when no checkpoint says
+sexpgpu), none of another experiment   otherwise, said in the note
+=====================================  =========================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sexpgpu.errors import SexpgpuError
+
+__all__ = ["RECORD", "RunClaim", "claim_run_folder"]
+
+RECORD = "run.json"
+_FORMAT = 1
+_RECORDS = ("metrics.jsonl", "status.json")
+
+
+@dataclass(frozen=True)
+class RunClaim:
+    """The outcome of `claim_run_folder`.
+
+    Attributes
+    ----------
+    folder
+        The run folder.
+    fresh
+        True when the run starts from step 0 (nothing to resume).
+    note
+        A sentence to log and annotate when earlier records are replaced or
+        adopted; None when there is nothing to say.
+    """
+
+    folder: Path
+    fresh: bool
+    note: str | None = None
+
+
+def _owner_error(folder: Path, what: str, hint: str) -> SexpgpuError:
+    return SexpgpuError("E-CKPT-005", f"run folder {folder} {what}", str(folder), hint)
+
+
+def claim_run_folder(
+    folder: str | os.PathLike[str],
+    experiment_hash: str,
+    run_name: str,
+    *,
+    resume: bool,
+    checkpoint_hashes: Iterable[str] = (),
+) -> RunClaim:
+    """Claim `folder` for the run `run_name` of the experiment `experiment_hash`.
+
+    Parameters
+    ----------
+    folder
+        The run folder (created when missing).
+    experiment_hash, run_name
+        Whose run this is.
+    resume
+        Whether the run resumes (``--resume``) rather than starts fresh.
+    checkpoint_hashes
+        The experiment hashes of the checkpoints already in the run's
+        checkpoint location (empty when it has none or none is set).
+
+    Returns
+    -------
+    RunClaim
+
+    Raises
+    ------
+    SexpgpuError
+        E-CKPT-005 when the folder holds another experiment's or run's
+        records, or a fresh run would start over this experiment's
+        checkpoints; E-CLI-001 when the folder cannot be written.
+    """
+    path = Path(folder)
+    owner = _read_owner(path)
+    hashes = set(checkpoint_hashes)
+    mine = {"experiment_hash": experiment_hash, "run": run_name}
+    if owner is not None and owner != mine:
+        raise _owner_error(
+            path,
+            f"belongs to run `{owner['run']}` of experiment {owner['experiment_hash'][:12]}; "
+            f"this is run `{run_name}` of experiment {experiment_hash[:12]}",
+            "give this run its own folder with --out, or remove the old one",
+        )
+    strangers = sorted(h[:12] for h in hashes - {experiment_hash})
+    if strangers:
+        raise _owner_error(
+            path,
+            f"holds checkpoints of experiment {', '.join(strangers)}; "
+            f"this is {experiment_hash[:12]}",
+            "give this run its own folder with --out, or remove the old checkpoints",
+        )
+    if not resume and hashes:
+        raise _owner_error(
+            path,
+            "already holds checkpoints of this experiment; a fresh run would mix with them",
+            "continue it with --resume latest, or remove its checkpoints to start anew",
+        )
+    note = None
+    old = [name for name in _RECORDS if (path / name).exists()]
+    if owner is None and old:
+        note = f"run folder {path}: adopting records written without {RECORD}"
+    if not resume and old:
+        note = f"run folder {path}: starting anew; the earlier {' and '.join(old)} are replaced"
+    if owner is None:
+        _write_owner(path, mine)
+    return RunClaim(path, fresh=not resume, note=note)
+
+
+def _read_owner(path: Path) -> dict[str, str] | None:
+    record = path / RECORD
+    if not record.exists():
+        return None
+    try:
+        owner = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise _owner_error(
+            path, f"has an unreadable {RECORD} ({err})", f"remove {record}"
+        ) from None
+    if not (
+        isinstance(owner, dict)
+        and isinstance(owner.get("experiment_hash"), str)
+        and isinstance(owner.get("run"), str)
+    ):
+        raise _owner_error(path, f"has a malformed {RECORD}", f"remove {record}")
+    return {"experiment_hash": owner["experiment_hash"], "run": owner["run"]}
+
+
+def _write_owner(path: Path, owner: dict[str, str]) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = path / f".{RECORD}.tmp"
+        tmp.write_text(json.dumps({"format": _FORMAT, **owner}, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path / RECORD)
+    except OSError as err:
+        raise SexpgpuError(
+            "E-CLI-001",
+            f"cannot use {path} as the run directory: {err.strerror or err}",
+            str(path),
+            hint="point --out at a new or existing folder you can write to",
+        ) from None

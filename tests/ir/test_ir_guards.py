@@ -1,0 +1,134 @@
+"""User input that used to reach an internal error or a silently wrong graph (issue 13).
+
+Each case goes through `sexpgpu check` in-process, which reads, traces,
+differentiates, folds and plans the run; the errors are pinned as printed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from sexpgpu.cli import main
+
+DIGITS = """(defdata d (digits))
+(defmodel m (x) {body})
+(defrun r :model m :data d :loss {loss} :optimizer (sgd :lr 0.1) :batch 4 :steps 1{extra})
+"""
+
+
+def check(tmp_path: Path, capsys, body: str, loss: str = "(mean (m x))", extra: str = ""):
+    path = tmp_path / "e.lisp"
+    path.write_text(DIGITS.format(body=body, loss=loss, extra=extra))
+    status = main(["check", str(path)])
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def first_lines(err: str) -> list[str]:
+    lines = err.splitlines()
+    return [lines[0], next(line for line in lines if "= hint" in line).strip()]
+
+
+@pytest.mark.parametrize("fn", ["silu", "gelu", "sigmoid", "rsqrt"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_constant_folding_of_a_rank0_activation(tmp_path, capsys, fn, dtype) -> None:
+    status, out, err = check(
+        tmp_path, capsys, f"(* (linear x 3) ({fn} 2))", extra=f" :dtype {dtype}"
+    )
+    assert (status, err) == (0, "")
+    assert "FLOPs per step" in out
+
+
+def test_a_size_past_int64_is_refused_not_negative_flops(tmp_path, capsys) -> None:
+    status, out, err = check(tmp_path, capsys, "(linear x 9223372036854775807)")
+    assert status == 1 and "-" not in out
+    assert first_lines(err) == [
+        "error[E-SHAPE-012]: param: a value of shape [64 9223372036854775807] holds 5.9e+20 "
+        "elements, more than the 2^48 a value may hold",
+        "= hint: check the sizes that make this value (a parameter, :seq, :batch or a layer's "
+        "width)",
+    ]
+
+
+def test_a_float_size_is_not_an_integer(tmp_path, capsys) -> None:
+    status, _, err = check(tmp_path, capsys, "(linear x 1e300)")
+    assert status == 1
+    assert first_lines(err) == [
+        "error[E-TRACE-004]: argument 2 of linear must be an integer, found the number 1e+300",
+        "= hint: write a whole number or a parameter holding one",
+    ]
+
+
+def test_more_than_64_axes_is_refused_in_check(tmp_path, capsys) -> None:
+    ones = " ".join(["1"] * 64)
+    status, _, err = check(tmp_path, capsys, f"(reshape x [4 64 {ones}])")
+    assert status == 1
+    assert first_lines(err)[0] == (
+        "error[E-SHAPE-012]: reshape: a value has 66 axes, more than the 64 a value may have"
+    )
+
+
+def test_integer_folding_past_int64_is_an_error(tmp_path, capsys) -> None:
+    status, _, err = check(tmp_path, capsys, "(* (linear x 3) (* 4611686018427387904 4))")
+    assert status == 1
+    assert first_lines(err) == [
+        "error[E-TRACE-004]: *: the integer result does not fit in 64 bits for "
+        "[4611686018427387904, 4]",
+        "= hint: check the numbers",
+    ]
+
+
+def test_a_tower_of_powers_is_refused_at_once(tmp_path, capsys) -> None:
+    status, _, err = check(tmp_path, capsys, "(* (linear x 3) (pow 3 (pow 3 (pow 3 3))))")
+    assert status == 1 and "pow: the integer result does not fit in 64 bits" in err
+
+
+def test_a_long_sequence_is_not_folded_into_memory(tmp_path, capsys) -> None:
+    # positions of [4 2^31] would be 8 GiB of int32 if folding computed them
+    body = (
+        "(* (linear x 3) (sum (cast (positions (reshape (linear x 536870912) [4 -1])) :dtype f32)))"
+    )
+    status, out, err = check(tmp_path, capsys, body)
+    assert err == "" and status == 0 and "FLOPs per step" in out
+
+
+def test_mse_of_different_shapes_does_not_broadcast(tmp_path, capsys) -> None:
+    status, _, err = check(tmp_path, capsys, "(linear x 1)", loss="(mse (m x) (cast y :dtype f32))")
+    assert status == 1
+    assert err.splitlines() == [
+        "error[E-SHAPE-013]: mse: prediction [4 1] and target [4] differ in shape "
+        "(a loss does not broadcast)",
+        " --> " + str(tmp_path / "e.lisp") + ":3:34",
+        "  |",
+        "3 | (defrun r :model m :data d :loss (mse (m x) (cast y :dtype f32)) "
+        ":optimizer (sgd :lr 0.1) :batch 4 :steps 1)",
+        "  |                                  ^",
+        "  = hint: reshape the target: (reshape (cast y :dtype f32) [4 1])",
+    ]
+
+
+def test_mse_of_an_int_target_names_mse(tmp_path, capsys) -> None:
+    status, _, err = check(tmp_path, capsys, "(linear x 1)", loss="(mse (m x) y)")
+    assert status == 1
+    assert first_lines(err) == [
+        "error[E-SHAPE-002]: mse: the target y has dtype int32, not a float",
+        "= hint: cast it first: (cast y :dtype f32)",
+    ]
+
+
+def test_mse_of_one_shape_and_of_a_number_check(tmp_path, capsys) -> None:
+    for loss in ["(mse (m x) (reshape (cast y :dtype f32) [4 1]))", "(mse (m x) 0.5)"]:
+        assert check(tmp_path, capsys, "(linear x 1)", loss=loss)[0] == 0
+
+
+def test_vocabulary_modules_import_one_way() -> None:
+    import sexpgpu.ir.vocabulary_layers as layers
+
+    tree = ast.parse(Path(layers.__file__).read_text())
+    imported = {
+        node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+    }
+    assert "sexpgpu.ir.vocabulary" not in imported

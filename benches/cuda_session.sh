@@ -33,9 +33,13 @@ for part in $parts; do
       2>&1 | tee "$OUT/bench_gpt_example.log" | tail -4 ;;
   tn)
     if [ -f benches/tn_gpu.py ]; then
-      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn 2>&1 | tee "$OUT/tn_gpu_tests.log" | tail -8
+      # The GPU tests live in one module (the others need h5py, zarr and quimb).
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn/test_tn_devices.py \
+        2>&1 | tee "$OUT/tn_gpu_tests.log" | tail -30
       timeout 300 python3 benches/tn_gpu.py --sites 25 50 --chi 1000 --reps 3 --exact \
         2>&1 | tee "$OUT/tn_gpu_bench.log" | tail -30
     fi ;;
+  probe)
+    timeout 200 python3 dev/tn_gpu_probe.py 2>&1 | tee "$OUT/probe.log" ;;
   esac
 done

@@ -174,13 +174,29 @@ class NumpyBackend(Backend):
 
     def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         q, r = np.linalg.qr(x)
-        return q, r
+        phase = _unit(np.diagonal(r).copy(), np)  # R's diagonal made real and >= 0
+        return q * phase, phase.conj()[:, None] * r
 
     def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return host_svd(x)
+        u, s, vh = host_svd(x)
+        phase = _unit(u[np.abs(u).argmax(axis=0), np.arange(u.shape[1])], np)
+        return u * phase.conj(), s, phase[:, None] * vh
 
     def scale_rows(self, sv: np.ndarray, x: np.ndarray) -> np.ndarray:
         return sv[:, None] * x
+
+
+def _unit(values: Any, xp: Any) -> Any:
+    """``values / |values|`` (1 where a value is 0), in NumPy or PyTorch (`xp`).
+
+    QR and SVD factors are unique up to such phases, and LAPACK, cuSOLVER
+    and their versions choose differently: fixing R's diagonal real and
+    non-negative, and each left singular vector's largest entry likewise,
+    makes every backend return the same factors, so one seed gives one
+    result on every device.
+    """
+    size = abs(values)
+    return xp.where(size == 0, xp.ones_like(values), values / xp.where(size == 0, 1, size))
 
 
 def torch_dtype(dtype: np.dtype) -> Any:
@@ -299,11 +315,15 @@ class TorchBackend(Backend):
 
     def qr(self, x: Any) -> tuple[Any, Any]:
         q, r = self._torch.linalg.qr(x, mode="reduced")
-        return q, r
+        phase = _unit(self._torch.diagonal(r), self._torch)
+        return q * phase, phase.conj()[:, None] * r
 
     def svd(self, x: Any) -> tuple[Any, np.ndarray, Any]:
-        u, s, vh = self._torch.linalg.svd(x, full_matrices=False)
-        return u, s.cpu().numpy(), vh
+        torch = self._torch
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        columns = torch.arange(u.shape[1], device=u.device)
+        phase = _unit(u[u.abs().argmax(dim=0), columns], torch)
+        return u * phase.conj(), s.cpu().numpy(), phase[:, None] * vh
 
     def scale_rows(self, sv: np.ndarray, x: Any) -> Any:
         scale = self._torch.from_numpy(np.ascontiguousarray(sv)).to(self._dev, dtype=x.dtype)

@@ -101,6 +101,7 @@ CODES: dict[str, str] = {
     "E-TRACE-005": "malformed let, ->, repeat or param form",
     "E-TRACE-006": "the loss is not a float scalar, or (to train) depends on no parameter",
     "E-TRACE-007": "calls nest without end (a defn calls itself)",
+    "E-TRACE-008": "the model expands to too many calls (a huge repeat, layers or fan-out)",
     # command line
     "E-CLI-001": "bad command-line argument or environment variable",
     # training data

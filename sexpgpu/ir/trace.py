@@ -52,12 +52,16 @@ from sexpgpu.lang import (
 from sexpgpu.lang import Node as Syntax
 from sexpgpu.lang.suggest import options_hint
 
-__all__ = ["ParamSpec", "Scope", "Trace", "trace_run"]
+__all__ = ["MAX_CALLS", "ParamSpec", "Scope", "Trace", "trace_run"]
 
 log = logging.getLogger(__name__)
 
 Env = Mapping[str, Value]
 _MAX_DEPTH = 48  # defn and model calls inside one another
+# Calls one trace may make in all (a 96-layer GPT makes about 3,000): past it a
+# `repeat` of 10^9, a `layers` of 2^16 or a defn fan-out of 2^40 stops at once
+# instead of building a graph no check or run could finish.
+MAX_CALLS = 10_000
 
 
 @dataclass
@@ -176,6 +180,7 @@ class _Tracer:
         self.model_output: Node | None = None
         self.activations: dict[str, Node] = {}
         self.depth = 0
+        self.calls = 0
 
     # ------------------------------------------------------------ values
 
@@ -271,6 +276,15 @@ class _Tracer:
         segment (``repeat``); `name` is the let name the result is bound to.
         """
         fn = head.name
+        self.calls += 1
+        if self.calls > MAX_CALLS:
+            raise SexpgpuError(
+                "E-TRACE-008",
+                f"the model expands to more than {MAX_CALLS:,} calls (at `{fn}`)",
+                span,
+                "a repeat count, a number of layers or a defn called many times over is "
+                "too large; check the parameters that set them",
+            )
         if fn in SPECIAL_FORMS:
             return SPECIAL_FORMS[fn](self, head, items, span, env, scope, leading, name)
         if fn in self.experiment.functions:

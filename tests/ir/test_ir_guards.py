@@ -132,3 +132,30 @@ def test_vocabulary_modules_import_one_way() -> None:
         node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
     }
     assert "sexpgpu.ir.vocabulary" not in imported
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "(-> x (linear 4) (repeat 1000000000 relu))",
+        "(-> x (linear 4) (repeat 65536 (linear 4)))",
+    ],
+)
+def test_a_huge_expansion_stops_at_the_call_limit(tmp_path, capsys, body) -> None:
+    status, _, err = check(tmp_path, capsys, body)
+    assert status == 1
+    assert err.splitlines()[0].startswith(
+        "error[E-TRACE-008]: the model expands to more than 10,000 calls (at `"
+    )
+
+
+def test_a_defn_fan_out_stops_at_the_call_limit(tmp_path, capsys) -> None:
+    fns = "".join(f"(defn f{i + 1} (x) (+ (f{i} x) (f{i} x)))\n" for i in range(40))
+    path = tmp_path / "e.lisp"
+    path.write_text(
+        "(defn f0 (x) (relu x))\n"
+        + fns
+        + DIGITS.format(body="(f40 x)", loss="(mean (m x))", extra="")
+    )
+    assert main(["check", str(path)]) == 1
+    assert "E-TRACE-008" in capsys.readouterr().err

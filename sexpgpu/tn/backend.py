@@ -249,7 +249,9 @@ class TorchBackend(Backend):
         torch = self._torch
         if self._copy_stream is None:
             return self.upload(x), None
-        host = torch.from_numpy(np.ascontiguousarray(x)).pin_memory()
+        # One copy, straight into pinned memory (x may be a read-only memmap).
+        host = torch.empty(x.shape, dtype=torch_dtype(x.dtype), pin_memory=True)
+        host.numpy()[...] = x
         with torch.cuda.stream(self._copy_stream):
             t = host.to(self._dev, non_blocking=True)
             event = torch.cuda.Event()

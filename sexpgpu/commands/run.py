@@ -125,6 +125,13 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
     )
     steps = trainer.settings.steps
+    if args.out is None and args.resume is None and trainer.run_dir.name != trainer.run_name:
+        earlier = trainer.run_dir.with_name(trainer.run_name)
+        print(
+            f"run folder: {trainer.run_dir} ({earlier} holds an earlier run; "
+            f"--resume latest continues that one)",
+            flush=True,
+        )
     if not trainer.devices[0].startswith("cpu"):
         print("\n".join(trainer.report), flush=True)  # the lowering report
     try:

@@ -27,11 +27,12 @@ from sexpgpu.devices.base import Program
 from sexpgpu.devices.optim import make_optimizer
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.memory import MemoryPlan
-from sexpgpu.train.checkpoint import Checkpoint, Location, load_checkpoint
+from sexpgpu.train.checkpoint import Checkpoint, Location, experiment_hashes, load_checkpoint
 from sexpgpu.train.data import make_loader
 from sexpgpu.train.metrics import MetricsLog, write_status
 from sexpgpu.train.rank import RankLoop, RunContext
 from sexpgpu.train.reports import RunSummary, StepReport
+from sexpgpu.train.run_folder import RunClaim, claim_run_folder
 from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
 
@@ -57,6 +58,12 @@ class Trainer:
         Recorded in checkpoints; a resume must match it (E-CKPT-003).
     devices
         The ranks' devices, e.g. ``("cpu:0", "cpu:1")``.
+    run_name
+        The run's name: the run folder is claimed for it and the experiment
+        (``run.json``), so that another's records are never mixed in.
+    param_shapes
+        Parameter name -> shape: a checkpoint that does not hold exactly
+        these is damaged (skipped by ``--resume latest``).
     target
         The data field eval accuracy compares the output's argmax with, or None.
     plan
@@ -80,6 +87,8 @@ class Trainer:
         *,
         experiment_hash: str,
         devices: Sequence[str] = ("cpu:0",),
+        run_name: str = "train",
+        param_shapes: Mapping[str, tuple[int, ...]] | None = None,
         target: str | None = None,
         plan: MemoryPlan | None = None,
         report: Sequence[str] = (),
@@ -91,6 +100,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.hash = experiment_hash
         self.devices = tuple(devices)
+        self.run_name, self.param_shapes = run_name, param_shapes
         self.target, self.plan, self.report = target, plan, tuple(report)
         self.resume, self.on_step = resume, on_step
         self.storage_options = storage_options
@@ -126,8 +136,12 @@ class Trainer:
         ckpt = self._load_resume()
         if ckpt is None and self.location is not None and self.location.remote:
             self.location.steps()  # an unreachable bucket is E-CKPT-004 now, not after step N
+        claim = self._open_folder()
         metrics = self._open_metrics(ckpt.step if ckpt else None)
         try:
+            if claim.note is not None:
+                log.warning("%s", claim.note)
+                metrics.annotate(ckpt.step if ckpt else 0, claim.note)
             if ckpt is not None:
                 metrics.annotate(ckpt.step, f"resume: from {ckpt.where}")
                 for message in ckpt.skipped:
@@ -166,11 +180,25 @@ class Trainer:
             status=self._status,
         )
 
+    def _open_folder(self) -> RunClaim:
+        """Make the run folder and claim it for this run (E-CKPT-005: another's records)."""
+        self._folder_error(lambda: self.run_dir.mkdir(parents=True, exist_ok=True))
+        hashes = experiment_hashes(self.location) if self.location is not None else set()
+        return claim_run_folder(
+            self.run_dir,
+            self.hash,
+            self.run_name,
+            resume=self.resume is not None,
+            checkpoint_hashes=hashes,
+        )
+
     def _open_metrics(self, resumed: int | None) -> MetricsLog:
-        # The run directory is made here, so an --out that cannot hold one is a user error.
+        return self._folder_error(lambda: MetricsLog(self.run_dir / "metrics.jsonl", resumed))
+
+    def _folder_error(self, fn: Callable[[], Any]) -> Any:
+        # An --out that cannot hold a run directory is a user error.
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            return MetricsLog(self.run_dir / "metrics.jsonl", resumed)
+            return fn()
         except OSError as err:
             is_file = self.run_dir.exists() and not self.run_dir.is_dir()
             reason = "it is a file" if is_file else (err.strerror or str(err))
@@ -180,6 +208,30 @@ class Trainer:
                 str(self.run_dir),
                 hint="point --out at a new or existing folder you can write to",
             ) from None
+
+    def _latest(self, where: str) -> Checkpoint:
+        """The newest sound checkpoint of this experiment at or below the run's steps.
+
+        When there is none, the newest sound one of any is returned, so that the
+        checks below say what it is (another experiment's: E-CKPT-003; past the
+        steps: E-CLI-001).
+        """
+        newest = load_checkpoint(where, self.storage_options, expect=self.param_shapes)
+        mine = newest.state.get("experiment_hash") == self.hash
+        if mine and newest.step <= self.settings.steps:
+            return newest
+        try:
+            return load_checkpoint(
+                where,
+                self.storage_options,
+                experiment_hash=self.hash,
+                max_step=self.settings.steps,
+                expect=self.param_shapes,
+            )
+        except SexpgpuError as err:
+            if err.code != "E-CKPT-001":
+                raise
+            return newest
 
     def _load_resume(self) -> Checkpoint | None:
         if self.resume is None:
@@ -192,9 +244,9 @@ class Trainer:
                     "--resume",
                     hint='add :checkpoint (every N "checkpoints") or name a folder: --resume PATH',
                 )
-            ckpt = load_checkpoint(self.location.where, self.storage_options)
+            ckpt = self._latest(self.location.where)
         else:
-            ckpt = load_checkpoint(self.resume, self.storage_options)
+            ckpt = load_checkpoint(self.resume, self.storage_options, expect=self.param_shapes)
         state = ckpt.state
         if state.get("experiment_hash") != self.hash:
             raise SexpgpuError(

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sexpgpu.errors import SexpgpuError
 
-__all__ = ["RECORD", "RunClaim", "claim_run_folder"]
+__all__ = ["RECORD", "RunClaim", "claim_run_folder", "free_run_folder"]
 
 RECORD = "run.json"
 _FORMAT = 1
@@ -58,6 +58,19 @@ class RunClaim:
     folder: Path
     fresh: bool
     note: str | None = None
+
+
+def free_run_folder(base: Path) -> Path:
+    """`base`, or the first of ``base-2``, ``base-3``... that holds no run's records.
+
+    The default run folder (``runs/RUN-NAME``) of a fresh run: running the same
+    command twice gives two runs side by side, never one on top of the other.
+    """
+    candidate, n = base, 1
+    while any((candidate / name).exists() for name in (RECORD, *_RECORDS, "checkpoints")):
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
 
 
 def _owner_error(folder: Path, what: str, hint: str) -> SexpgpuError:

@@ -50,6 +50,16 @@ def _check_trainable(compiled: Any, rundef: Any) -> None:
         )
 
 
+def _run_dir(out: str | Path | None, name: str, resume: str | None) -> Path:
+    """``--out``, else ``runs/RUN-NAME`` (a fresh run takes the next free ``runs/RUN-NAME-N``)."""
+    from sexpgpu.train.run_folder import free_run_folder
+
+    if out is not None:
+        return Path(out)
+    base = Path("runs") / name
+    return base if resume is not None else free_run_folder(base)
+
+
 def prepare_run(
     path: str | Path,
     *,
@@ -75,7 +85,8 @@ def prepare_run(
     steps
         ``--steps``: overrides ``:steps`` (the schedule's horizon too).
     out
-        The run directory; default ``runs/RUN-NAME``.
+        The run directory; default ``runs/RUN-NAME``, or for a fresh run
+        the first ``runs/RUN-NAME-N`` that holds no run yet.
     resume
         ``"latest"``, a checkpoint folder, or None.
     device
@@ -129,9 +140,11 @@ def prepare_run(
         make_program,
         experiment.data[rundef.data],
         settings,
-        Path(out) if out is not None else Path("runs") / rundef.name,
+        _run_dir(out, rundef.name, resume),
         experiment_hash=experiment_hash(experiment, rundef.name),
         devices=devices,
+        run_name=rundef.name,
+        param_shapes={key: info.shape for key, info in compiled.params.items()},
         target=compiled.target,
         plan=plan,
         report=backend.report(compiled, plan),

@@ -184,3 +184,32 @@ def test_a_byte_file_trains_a_tiny_language_model(tmp_path, capsys):
 def test_cuda_training_is_refused_clearly(tmp_path, capsys, device):
     assert main(["run", str(_experiment(tmp_path)), "--device", device]) == 1
     assert "error[E-" in capsys.readouterr().err
+
+
+def test_a_second_fresh_run_gets_its_own_folder(tmp_path, capsys, monkeypatch):
+    """Running one command twice gives runs/NAME and runs/NAME-2, never one mixed folder."""
+    path = _experiment(tmp_path, MLP.replace("(steps 10)", "(steps 2)"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(path)]) == 0
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"run folder: {Path('runs/train-2')} ({Path('runs/train')} holds an earlier run" in out
+    for folder in ("runs/train", "runs/train-2"):
+        assert sorted(series(tmp_path / folder, "train/loss")) == [1, 2]
+    assert main(["run", str(path), "--resume", "latest", "--steps", "3"]) == 0
+    assert sorted(series(tmp_path / "runs/train", "train/loss")) == [1, 2, 3]
+
+
+def test_another_experiment_of_the_same_run_name_is_refused(tmp_path, capsys):
+    first = _experiment(tmp_path, MLP.replace("(steps 10)", "(steps 2)"), "a.lisp")
+    second = _experiment(tmp_path, MLP.replace("(hidden 32)", "(hidden 16)"), "b.lisp")
+    out = str(tmp_path / "run")
+    assert main(["run", str(first), "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["run", str(second), "--out", out]) == 1
+    err = capsys.readouterr().err
+    assert "error[E-CKPT-005]" in err and "belongs to run `train` of experiment" in err
+    # Its parameters do not fit this model: no checkpoint of this run to resume.
+    assert main(["run", str(second), "--out", out, "--resume", "latest"]) == 1
+    assert "error[E-CKPT-001]: no complete checkpoint" in capsys.readouterr().err
+    assert sorted(series(tmp_path / "run", "train/loss")) == [1, 2]  # nothing mixed in

@@ -27,7 +27,7 @@ import math
 
 from sexpgpu.errors import SexpgpuError, Span
 from sexpgpu.ir import builder as b
-from sexpgpu.ir.dtypes import FLOATS
+from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.shape_rules import check_targets, format_shape
@@ -158,6 +158,8 @@ def _mse(cx: Call) -> Node:
     pred, target = cx.tensors([0, 1])
     _check_mse(cx, pred, target)
     diff = b.sub(pred, target, span=cx.span)
+    if diff.dtype is DType.BF16:  # the loss and its sum are f32, as cross-entropy's
+        diff = b.cast(diff, DType.F32, span=cx.span)
     return mean_over(b.mul(diff, diff, span=cx.span), None, False, cx.span)
 
 

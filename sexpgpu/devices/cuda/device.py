@@ -26,7 +26,7 @@ from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import FUSED, Op
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.devices import require_capability
-from sexpgpu.runtime.memory import MemoryPlan, detect_budget
+from sexpgpu.runtime.memory import MemoryPlan, PeakTracker, detect_budget
 
 __all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "TorchKernels"]
 
@@ -52,7 +52,7 @@ class TorchKernels:
 
     has_activations = True
 
-    def __init__(self, compiled: CompiledRun, device: Any) -> None:
+    def __init__(self, compiled: CompiledRun, device: Any, where: DeviceId) -> None:
         from sexpgpu.devices.cuda.executor import TorchGraph
 
         self.compiled = compiled
@@ -62,14 +62,14 @@ class TorchKernels:
         self._eval = TorchGraph(compiled.eval_graph, device)
         self._activations: Any = None
         self._graph = TorchGraph
+        self._tracker = PeakTracker(where)
 
     @property
     def last_peak_bytes(self) -> int:
-        """The allocator's high-water mark on a GPU; the planned live set elsewhere."""
-        torch = _torch()
-        if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device))
-        return int(self._train.planned_peak_bytes)
+        """The allocator's high-water mark on a GPU; the planned live set on the CPU."""
+        if not self._tracker.device.is_cuda:
+            self._tracker.observe(self._train.planned_peak_bytes)
+        return self._tracker.peak
 
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         return self.compiled.init_params(seed)
@@ -205,7 +205,7 @@ class CudaDevice:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        return TrainState(TorchKernels(compiled, device), TorchOps(device))
+        return TrainState(TorchKernels(compiled, device, where), TorchOps(device))
 
 
 def _pattern_lines(graph: Graph) -> list[str]:

@@ -181,26 +181,24 @@ def main() -> None:
     logger.setLevel(logging.DEBUG)
     logger.addHandler(log)
     print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-    rows = [
-        run_case(n, args.chi, dtype, args.reps, args.exact, None, log)
-        for n in args.sites
-        for dtype in args.dtypes
-    ]
+    cases = [(n, dtype, None) for n in args.sites for dtype in args.dtypes]
     if args.gpu_memory:
-        budget = tn.Resources(gpu_memory=args.gpu_memory)
-        rows.append(
-            run_case(max(args.sites), args.chi, "complex128", args.reps, False, budget, log)
-        )
-    for row in rows:
+        cases.append((max(args.sites), "complex128", tn.Resources(gpu_memory=args.gpu_memory)))
+    for n, dtype, budget in cases:  # each row as soon as it is measured
+        try:
+            row = run_case(n, args.chi, dtype, args.reps, args.exact and not budget, budget, log)
+        except MemoryError as err:  # a budget below the working set is refused
+            print(f"MPO.MPO n={n} chi={args.chi} {dtype} under {budget}: {err}", flush=True)
+            continue
         lines = row.pop("log")
         print(
             " | ".join(
                 f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in row.items()
-            )
+            ),
+            flush=True,
         )
         for line in lines:
-            print("    ", line)
-
+            print("    ", line, flush=True)
 
 if __name__ == "__main__":
     main()

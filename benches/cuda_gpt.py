@@ -20,22 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-GPT = """
-(defparams (layers {layers}) (width {width}) (heads {heads}) (seq {seq}) (vocab {vocab}))
-(defdata text (python-stdlib) :seq seq :split 0.99)
-(defn block (x)
-  (let [x (+ x (attention (layernorm x) :heads heads :causal true))]
-    (+ x (-> x layernorm (linear (* 4 width)) gelu (linear width)))))
-(defmodel gpt (tokens)
-  (let [wte (param [vocab width] :init (normal 0.02))]
-    (-> (+ (take wte tokens) (embed (positions tokens) seq width))
-        (repeat layers block)
-        layernorm
-        (matmul (transpose wte)))))
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_interpreter import GPT as CPU_GPT
+
+GPT = CPU_GPT.split("(defrun")[0].replace(":seq seq)", ":seq seq :split 0.99)") + """
 (defrun train :model gpt :data text :loss (cross-entropy (gpt tokens) next)
   :optimizer (adamw :lr 6e-4 :betas [0.9 0.95] :weight-decay 0.1) :clip 1.0
   :batch {batch} :microbatches {microbatches} :steps {steps} :dtype {dtype} :seed 1)

@@ -20,6 +20,7 @@ import numpy as np
 
 from sexpgpu.devices.arrays import NUMPY, ArrayOps
 from sexpgpu.devices.base import EvalResult, HostState
+from sexpgpu.devices.collectives import sum_over_ranks
 from sexpgpu.devices.optim import Optimizer, clip_by_global_norm, global_norm, make_optimizer
 from sexpgpu.ir.compile import ParamInfo
 from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry, release_caches
@@ -142,14 +143,16 @@ class TrainState:
         return global_norm(self._grads, self.xp) / self._count
 
     def reduce(self, ctx: Any, microbatches: int) -> float:
+        """Sum the buffers over every rank (`sexpgpu.devices.collectives`), then the mean.
+
+        `ctx` is a `Comms` (this node's group and the other nodes) or a bare
+        `RankContext` of one node.
+        """
         assert self._grads is not None, "accumulate() first"
-        total = {"loss": np.float64(self._loss), "grads": self._grads}
-        if ctx.size > 1:
-            total = ctx.all_reduce(total)
-        self._grads = total["grads"]
+        loss, self._grads = sum_over_ranks(ctx, self._loss, self._grads)
         for g in self._grads.values():
             g /= microbatches
-        return float(total["loss"]) / microbatches
+        return loss / microbatches
 
     def update(self, lr: float, clip: float | None) -> float:
         assert self._grads is not None and self.optimizer is not None

@@ -14,8 +14,13 @@ SEXPGPU_MEMORY             the per-device memory budget, ``40GiB``    detected
 SEXPGPU_NODES              how many nodes run together                ``1``
 SEXPGPU_NODE_RANK          this node's number, 0 to nodes - 1         ``0``
 SEXPGPU_RENDEZVOUS         ``host:port`` where node 0 listens         none
-SEXPGPU_NODE_GRADIENTS     ``bf16`` or ``f32`` cross-node sums        ``f32``
+SEXPGPU_NODE_GRADIENTS     ``bf16`` or ``f32`` cross-node sums        ``bf16``
+SEXPGPU_NODE_TIMEOUT       seconds a node waits for the others        ``300``
 =========================  =========================================  ==========
+
+Several nodes run on ``cuda`` or on ``cpu``: cpu nodes sum over Gloo, to
+rehearse a launch (and to test every node path) without GPUs, as simulated
+ranks rehearse several GPUs.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.devices import DEVICE_KINDS, Device, visible_gpu_count
 from sexpgpu.runtime.units import parse_bytes
 
-__all__ = ["ENV_VARS", "NODE_GRADIENT_DTYPES", "RuntimeConfig", "check_env"]
+__all__ = ["ENV_VARS", "NODE_GRADIENT_DTYPES", "NODE_TIMEOUT", "RuntimeConfig", "check_env"]
 
 ENV_VARS: tuple[str, ...] = (
     "SEXPGPU_DEVICE",
@@ -38,8 +43,11 @@ ENV_VARS: tuple[str, ...] = (
     "SEXPGPU_NODE_RANK",
     "SEXPGPU_RENDEZVOUS",
     "SEXPGPU_NODE_GRADIENTS",
+    "SEXPGPU_NODE_TIMEOUT",
 )
 NODE_GRADIENT_DTYPES: tuple[str, ...] = ("bf16", "f32")
+# DESIGN.md: a node that has not arrived after 300 s stops the run.
+NODE_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,9 @@ class RuntimeConfig:
         ``(host, port)`` where node 0 listens; None on one node.
     node_gradients
         ``"bf16"`` or ``"f32"``: the dtype of cross-node gradient sums.
+    node_timeout
+        Seconds a node waits for the others, at the rendezvous and at each
+        cross-node collective, before the run stops with E-DP-007.
     """
 
     device: str = "cpu"
@@ -68,7 +79,8 @@ class RuntimeConfig:
     nodes: int = 1
     node_rank: int = 0
     rendezvous: tuple[str, int] | None = None
-    node_gradients: str = "f32"
+    node_gradients: str = "bf16"
+    node_timeout: float = NODE_TIMEOUT
 
     @classmethod
     def from_env(
@@ -157,12 +169,13 @@ def _read(
     # With a bad device name, the list is still checked for its syntax.
     attempt("devices", lambda: _device_list(environ, kind or "cpu", kind_from, visible_gpus))
     attempt("memory", lambda: _memory(environ.get("SEXPGPU_MEMORY", "")))
-    attempt("nodes", lambda: _nodes(environ, kind, kind_from))
+    attempt("nodes", lambda: _nodes(environ))
     nodes = values.get("nodes")
     if nodes is not None:
         attempt("node_rank", lambda: _node_rank(environ, nodes))
         attempt("rendezvous", lambda: _rendezvous(environ, nodes))
     attempt("node_gradients", lambda: _node_gradients(environ))
+    attempt("node_timeout", lambda: _node_timeout(environ))
     return values, problems
 
 
@@ -266,7 +279,7 @@ def _positive_int(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _nodes(environ: Mapping[str, str], kind: str | None, kind_from: str) -> int:
+def _nodes(environ: Mapping[str, str]) -> int:
     text = environ.get("SEXPGPU_NODES", "")
     if not text.strip():
         return 1
@@ -278,14 +291,6 @@ def _nodes(environ: Mapping[str, str], kind: str | None, kind_from: str) -> int:
             "SEXPGPU_NODES",
             hint="set SEXPGPU_NODES to a whole number of nodes, 1 or more, such as "
             "SEXPGPU_NODES=2, or unset it to run on one node",
-        )
-    if nodes > 1 and kind == "cpu":
-        raise SexpgpuError(
-            "E-DP-005",
-            f"SEXPGPU_NODES={nodes} needs the cuda device, but the device is cpu",
-            "SEXPGPU_NODES",
-            hint="set SEXPGPU_DEVICE=cuda (or --device cuda) on every node, or unset "
-            "SEXPGPU_NODES to run on one node",
         )
     return nodes
 
@@ -348,13 +353,32 @@ def _rendezvous(environ: Mapping[str, str], nodes: int) -> tuple[str, int] | Non
 
 def _node_gradients(environ: Mapping[str, str]) -> str:
     text = environ.get("SEXPGPU_NODE_GRADIENTS", "")
-    dtype = text.strip().lower() or "f32"
+    dtype = text.strip().lower() or "bf16"
     if dtype not in NODE_GRADIENT_DTYPES:
         raise SexpgpuError(
             "E-DP-005",
             f"SEXPGPU_NODE_GRADIENTS={_quote(text)} is not a gradient dtype",
             "SEXPGPU_NODE_GRADIENTS",
-            hint="use f32 (the default: two nodes of one GPU train bitwise like one node of "
-            "two) or bf16 (half the traffic; each rounding error is carried to the next step)",
+            hint="use bf16 (the default: half the traffic; each rounding error is carried to "
+            "the next step) or f32 (two nodes of one GPU train bitwise like one node of two)",
         )
     return dtype
+
+
+def _node_timeout(environ: Mapping[str, str]) -> float:
+    text = environ.get("SEXPGPU_NODE_TIMEOUT", "")
+    if not text.strip():
+        return NODE_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise SexpgpuError(
+            "E-DP-005",
+            f"SEXPGPU_NODE_TIMEOUT={_quote(text)} is not a number of seconds",
+            "SEXPGPU_NODE_TIMEOUT",
+            hint=f"give the seconds a node waits for the others, such as "
+            f"SEXPGPU_NODE_TIMEOUT=600, or unset it for {NODE_TIMEOUT:g}",
+        )
+    return seconds

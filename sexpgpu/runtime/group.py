@@ -250,6 +250,18 @@ class RankContext:
         self._depart("scatter")
         return result
 
+    def share(self, x: T) -> list[T]:
+        """Every rank's `x` itself, in rank order, on every rank: references, not copies.
+
+        For collectives of a library that works on every rank's buffers at once
+        from one thread (NCCL within one process): the ranks share one process,
+        so each can name the others' tensors. Whoever changes them must order
+        its work before the ranks read them again (`barrier`).
+        """
+        values = self._exchange("share", 0, x)
+        self._depart("share")
+        return list(values)
+
     def _exchange(self, op: str, root: int, value: Any) -> list[Any]:
         """Put `value` in this rank's slot, wait for all, return every rank's value."""
         s = self._session

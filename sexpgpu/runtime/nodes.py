@@ -27,14 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.runtime.config import RuntimeConfig
+from sexpgpu.runtime.config import NODE_TIMEOUT, RuntimeConfig
 
 __all__ = ["RENDEZVOUS_TIMEOUT", "GradientCarry", "NodeLink"]
 
 log = logging.getLogger(__name__)
 
-# DESIGN.md: a node that has not arrived after 300 s stops the run.
-RENDEZVOUS_TIMEOUT = 300.0
+RENDEZVOUS_TIMEOUT = NODE_TIMEOUT  # DESIGN.md: 300 s, or SEXPGPU_NODE_TIMEOUT
 
 _PREFIX = "sexpgpu/fingerprint/"
 
@@ -43,7 +42,7 @@ _PREFIX = "sexpgpu/fingerprint/"
 class GradientCarry:
     """The bf16 rounding error a node carries into its next cross-node sum."""
 
-    residual: Any = None  # a flat f32 tensor, or None before the first sum
+    residual: Any = None  # a flat f32 tensor (or NumPy array, from a checkpoint), or None
 
 
 @dataclass
@@ -55,8 +54,11 @@ class NodeLink:
 
     nodes: int = 1
     node_rank: int = 0
-    gradients: str = "f32"
+    gradients: str = "bf16"
+    timeout: float = RENDEZVOUS_TIMEOUT
+    backend: str = "gloo"
     _dist: Any = field(default=None, repr=False)
+    _objects: Any = field(default=None, repr=False)  # a Gloo group for host data beside NCCL
 
     @classmethod
     def open(
@@ -65,7 +67,7 @@ class NodeLink:
         fingerprint: Mapping[str, object],
         *,
         backend: str | None = None,
-        timeout: float = RENDEZVOUS_TIMEOUT,
+        timeout: float | None = None,
     ) -> NodeLink:
         """Meet the other nodes at the rendezvous and check their fingerprints.
 
@@ -78,7 +80,8 @@ class NodeLink:
         backend
             ``"nccl"`` or ``"gloo"``; by default NCCL on cuda, Gloo on cpu.
         timeout
-            Seconds to wait for every node.
+            Seconds to wait for every node, at the rendezvous and at every
+            collective after it; default ``config.node_timeout``.
 
         Raises
         ------
@@ -86,7 +89,8 @@ class NodeLink:
             E-DP-007 when a node does not arrive in time, E-DP-006 when a
             node's fingerprint differs from node 0's.
         """
-        link = cls(config.nodes, config.node_rank, config.node_gradients)
+        timeout = config.node_timeout if timeout is None else timeout
+        link = cls(config.nodes, config.node_rank, config.node_gradients, timeout)
         if config.nodes == 1:
             return link
         assert config.rendezvous is not None, "RuntimeConfig checks the rendezvous"
@@ -104,6 +108,9 @@ class NodeLink:
             dist.init_process_group(
                 chosen, store=store, rank=config.node_rank, world_size=config.nodes, timeout=wait
             )
+            link.backend = chosen
+            if chosen != "gloo":
+                link._objects = dist.new_group(backend="gloo", timeout=wait)
         except SexpgpuError:
             raise
         except RuntimeError as err:
@@ -126,7 +133,8 @@ class NodeLink:
         Parameters
         ----------
         tensors
-            This node's contributions (its ranks' sum, say), on one device.
+            This node's contributions (its ranks' sum, say): tensors on one
+            device, or NumPy arrays (sent from host memory).
         carry
             Needed when the gradient dtype is bf16: the rounding error kept
             from the last call and added to this one.
@@ -134,43 +142,120 @@ class NodeLink:
         Returns
         -------
         list
-            Tensors of the inputs' shapes, dtypes and device. With one node
-            they are the inputs themselves.
+            Arrays or tensors of the inputs' kinds, shapes, dtypes and device.
+            With one node they are the inputs themselves.
+
+        Raises
+        ------
+        SexpgpuError
+            E-DP-007 when another node left the run or did not answer in time.
         """
         if self.nodes == 1 or not tensors:
             return list(tensors)
         import torch
 
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+        leaves = [_as_tensor(t) for t in tensors]
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in leaves])
         sent = flat
         if self.gradients == "bf16":
             assert carry is not None, "bf16 cross-node sums need a GradientCarry"
             if carry.residual is not None:
-                flat = flat + carry.residual
+                flat = flat + _as_tensor(carry.residual).to(flat.device)
             sent = flat.to(torch.bfloat16)
             carry.residual = flat - sent.to(torch.float32)
         parts = [torch.empty_like(sent) for _ in range(self.nodes)]
+        self._collective("a cross-node sum", lambda: self._dist.all_gather(parts, sent))
+        total = parts[0].to(torch.float32)
+        for part in parts[1:]:
+            total = total + part.to(torch.float32)  # node order: the same on every node
+        pieces = total.split([t.numel() for t in leaves])
+        return [
+            _like(p.reshape(t.shape).to(t.dtype), original)
+            for p, t, original in zip(pieces, leaves, tensors, strict=True)
+        ]
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every node's `value` (JSON-able: numbers, strings, lists, dicts), in node order.
+
+        Floats travel as JSON text, which reads back the same double, so sums
+        of what comes back are exact and the same on every node.
+        """
+        if self.nodes == 1:
+            return [value]
+        import torch
+
+        blob = json.dumps(value).encode()
+        size = torch.tensor([len(blob)], dtype=torch.int64)
+        sizes = [torch.zeros_like(size) for _ in range(self.nodes)]
+        group = self._objects
+        self._collective("an exchange", lambda: self._dist.all_gather(sizes, size, group=group))
+        longest = int(max(s.item() for s in sizes))
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        parts = [torch.empty_like(mine) for _ in range(self.nodes)]
+        self._collective("an exchange", lambda: self._dist.all_gather(parts, mine, group=group))
+        return [
+            json.loads(bytes(p[: int(n.item())].tolist()))
+            for p, n in zip(parts, sizes, strict=True)
+        ]
+
+    def gather(self, tensor: Any) -> list[Any] | None:
+        """Every node's `tensor` (one shape on all) on node 0 as host NumPy arrays; None elsewhere.
+
+        For the bf16 residuals of a checkpoint. The tensor may live on a GPU
+        or in host memory; it is sent from where the transport reads it.
+        """
+        import numpy as np
+
+        if self.nodes == 1:
+            return [np.array(_as_tensor(tensor).detach().cpu().numpy())]
+        mine = _as_tensor(tensor).detach().contiguous()
+        if self.backend != "nccl":
+            mine = mine.cpu()  # Gloo gathers host tensors
+        parts = [mine.new_empty(mine.shape) for _ in range(self.nodes)]
+        parts = parts if self.node_rank == 0 else None
+        self._collective("a gather", lambda: self._dist.gather(mine, gather_list=parts, dst=0))
+        return None if parts is None else [np.array(p.cpu().numpy()) for p in parts]
+
+    def barrier(self) -> None:
+        """Wait until every node is here (before leaving the run, say)."""
+        self.allgather(self.node_rank)
+
+    def _collective(self, what: str, fn: Any) -> None:
         try:
-            self._dist.all_gather(parts, sent)
-        except RuntimeError as err:
+            fn()
+        except RuntimeError as err:  # Gloo's and NCCL's errors, their timeouts among them
             raise SexpgpuError(
                 "E-DP-007",
-                f"a node left the run during a cross-node sum ({_first_line(err)})",
+                f"node {self.node_rank}: another node left the run or did not answer within "
+                f"{self.timeout:g} s, during {what} ({_first_line(err)})",
                 "SEXPGPU_NODES",
                 hint="look at the other nodes' logs for the first error; resume from "
                 "the last checkpoint with `--resume latest` on every node",
             ) from err
-        total = parts[0].to(torch.float32)
-        for part in parts[1:]:
-            total = total + part.to(torch.float32)  # node order: the same on every node
-        pieces = total.split([t.numel() for t in tensors])
-        return [p.reshape(t.shape).to(t.dtype) for p, t in zip(pieces, tensors, strict=True)]
 
     def close(self) -> None:
         """Leave the other nodes (at the end of the run)."""
         if self._dist is not None and self._dist.is_initialized():
             self._dist.destroy_process_group()
         self._dist = None
+
+
+def _as_tensor(x: Any) -> Any:
+    """`x` as a tensor: tensors as they are, NumPy arrays shared without a copy."""
+    import numpy as np
+    import torch
+
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(x))
+    return x
+
+
+def _like(result: Any, original: Any) -> Any:
+    """`result` (a tensor) as a NumPy array where `original` was one."""
+    import numpy as np
+
+    return result.numpy() if isinstance(original, np.ndarray) else result
 
 
 def _check_fingerprints(

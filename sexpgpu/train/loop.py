@@ -5,14 +5,16 @@ device's parameters, gradients and optimizer) and loader share::
 
     for each step:
         every rank:  loss and gradient summed over its microbatches
-        all-reduce:  sums over ranks, taken in rank order (deterministic)
+        all-reduce:  sums over this node's ranks, then over the nodes (deterministic)
         every rank:  mean over all microbatches, clip, optimizer update
-        rank 0:      metrics, status, eval, checkpoint
+        rank 0:      metrics, status, eval, checkpoint (of node 0)
 
 The ranks' updates are identical, so their parameters stay equal; at each
-checkpoint rank 0 compares their digests (E-DP-004 when they differ) and
-gathers every rank's loader position. One rank is the same loop with a group
-of one.
+checkpoint the ranks' digests are compared (E-DP-004 when they differ) and
+every rank's loader position gathered. One rank is the same loop with a group
+of one. With several nodes (`RuntimeConfig.nodes`) each node runs this in its
+own process: the nodes meet at the rendezvous (`sexpgpu.runtime.nodes`) once
+the checkpoint to resume is known, and only node 0 touches the run folder.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from typing import Any
 from sexpgpu.devices.base import Program
 from sexpgpu.devices.optim import make_optimizer
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.runtime.config import RuntimeConfig
 from sexpgpu.runtime.memory import MemoryPlan
+from sexpgpu.runtime.nodes import GradientCarry, NodeLink
 from sexpgpu.train.checkpoint import Checkpoint, Location, experiment_hashes, load_checkpoint
 from sexpgpu.train.data import make_loader
 from sexpgpu.train.metrics import MetricsLog, write_status
-from sexpgpu.train.rank import RankLoop, RunContext
+from sexpgpu.train.rank import RankLoop, RunContext, carry_key, params_digest
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.run_folder import RunClaim, claim_run_folder
 from sexpgpu.train.schedules import make_schedule
@@ -76,6 +80,9 @@ class Trainer:
         Called on rank 0's thread with a `StepReport` after every step.
     storage_options
         fsspec options for remote checkpoint locations.
+    runtime
+        The node variables (`RuntimeConfig`: node count and rank, rendezvous,
+        gradient dtype, timeout); None: one node.
     """
 
     def __init__(
@@ -95,8 +102,10 @@ class Trainer:
         resume: str | None = None,
         on_step: Callable[[StepReport], None] | None = None,
         storage_options: Mapping[str, Any] | None = None,
+        runtime: RuntimeConfig | None = None,
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
+        self.runtime = runtime or RuntimeConfig()
         self.run_dir = Path(run_dir)
         self.hash = experiment_hash
         self.devices = tuple(devices)
@@ -114,32 +123,39 @@ class Trainer:
             where = str(self.run_dir / where)
         return Location(where, self.storage_options)
 
+    @property
+    def lead_node(self) -> bool:
+        """Whether this process writes the run's records (node 0)."""
+        return self.runtime.node_rank == 0
+
     def run(self) -> RunSummary:
         """Train to ``settings.steps``; return how it ended."""
         from sexpgpu.runtime.group import DeviceGroup
 
         # Data and checkpoint problems surface before the run directory is touched.
-        s = self.settings
+        s, local = self.settings, len(self.devices)
+        first, world = self.runtime.node_rank * local, self.runtime.nodes * local
         loaders = [
             make_loader(
                 self.data,
                 batch=s.batch,
                 microbatches=s.microbatches,
                 seed=s.seed,
-                rank=rank,
-                ranks=len(self.devices),
+                rank=first + rank,
+                ranks=world,
             )
-            for rank in range(len(self.devices))
+            for rank in range(local)
         ]
         make_optimizer(s.optimizer, {}, {})  # unknown names and options
         make_schedule(s.schedule, 1.0, s.steps)
         ckpt = self._load_resume()
         if ckpt is None and self.location is not None and self.location.remote:
             self.location.steps()  # an unreachable bucket is E-CKPT-004 now, not after step N
-        claim = self._open_folder()
-        metrics = self._open_metrics(ckpt.step if ckpt else None)
+        link = NodeLink.open(self.runtime, self._fingerprint(ckpt))  # E-DP-006, E-DP-007
+        claim = self._open_folder() if self.lead_node else None
+        metrics = self._open_metrics(ckpt.step if ckpt else None) if claim else _Silent()
         try:
-            if claim.note is not None:
+            if claim is not None and claim.note is not None:
                 log.warning("%s", claim.note)
                 metrics.annotate(ckpt.step if ckpt else 0, claim.note)
             if ckpt is not None:
@@ -147,17 +163,20 @@ class Trainer:
                 for message in ckpt.skipped:
                     metrics.annotate(ckpt.step, f"checkpoint: skipped damaged {message}")
             group = DeviceGroup(self.devices)
-            run = self._context()
+            run = self._context(link, self._carry(ckpt, link))
             started = time.perf_counter()
             results = group.run(
                 lambda ctx: RankLoop(
                     run, ctx, self.make_program(ctx.rank), loaders[ctx.rank], ckpt, metrics
                 ).run()
             )
+            link.barrier()  # no node leaves while another still sums
+            link.close()
         except BaseException as err:
             # Ctrl-C is not a failure of the run: say so, keeping the last step and loss.
             stopped = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-            self._status(metrics, state=stopped)
+            if claim is not None:
+                self._status(metrics, state=stopped)
             raise
         finally:
             metrics.close()
@@ -166,7 +185,21 @@ class Trainer:
         summary.resumed_from = ckpt.step if ckpt else None
         return summary
 
-    def _context(self) -> RunContext:
+    def _fingerprint(self, ckpt: Checkpoint | None) -> dict[str, Any]:
+        """What every node must agree on at the rendezvous (beside the node variables)."""
+        resumed = None
+        if ckpt is not None:
+            resumed = f"step {ckpt.step}, parameters {params_digest(ckpt.params)[:16]}"
+        return {"experiment": self.hash, "steps": self.settings.steps, "checkpoint": resumed}
+
+    def _carry(self, ckpt: Checkpoint | None, link: NodeLink) -> GradientCarry:
+        """This node's bf16 rounding error: from the checkpoint, so a resume is exact."""
+        carry = GradientCarry()
+        if ckpt is not None and link.nodes > 1 and link.gradients == "bf16":
+            carry.residual = ckpt.optimizer.get(carry_key(link.node_rank))
+        return carry
+
+    def _context(self, link: NodeLink, carry: GradientCarry) -> RunContext:
         return RunContext(
             settings=self.settings,
             data=self.data,
@@ -178,6 +211,8 @@ class Trainer:
             report=self.report,
             on_step=self.on_step,
             status=self._status,
+            link=link,
+            carry=carry,
         )
 
     def _open_folder(self) -> RunClaim:
@@ -257,13 +292,16 @@ class Trainer:
                 hint="resume with the same file, variant and run; "
                 "change only --steps to extend a run",
             )
-        if (state["devices"], state["nodes"]) != (len(self.devices), 1):
+        here = (len(self.devices), self.runtime.nodes)
+        if (state["devices"], state["nodes"]) != here:
+            where = "SEXPGPU_DEVICES" if state["devices"] != here[0] else "SEXPGPU_NODES"
             raise SexpgpuError(
                 "E-DP-002",
                 f"checkpoint {ckpt.where} was written by {state['devices']} device(s) on "
-                f"{state['nodes']} node(s); this run has {len(self.devices)} on 1",
-                "SEXPGPU_DEVICES",
-                hint=f"resume with {state['devices']} device(s), as the checkpoint was written",
+                f"{state['nodes']} node(s); this run has {here[0]} on {here[1]}",
+                where,
+                hint=f"resume with {state['devices']} device(s) per node on "
+                f"{state['nodes']} node(s), as the checkpoint was written",
             )
         if ckpt.step > self.settings.steps:
             # Training on would run backwards; most likely --steps was mistyped.
@@ -288,3 +326,16 @@ class Trainer:
             write_status(self.run_dir / "status.json", **self._last_status)
         except OSError:  # the run's own error matters more
             log.warning("could not write %s", self.run_dir / "status.json")
+
+
+class _Silent:
+    """The records of a node other than node 0: it writes none."""
+
+    def write(self, step: int, name: str, value: Any) -> None:
+        """Nothing: node 0 writes the records."""
+
+    def annotate(self, step: int, text: str) -> None:
+        """Nothing: node 0 writes the records."""
+
+    def close(self) -> None:
+        """Nothing to close."""

@@ -3,8 +3,11 @@
 `RankLoop.run` is what each thread of the `DeviceGroup` executes (see
 `sexpgpu.train.loop` for the step). The rank's parameters, gradients and
 optimizer live on its device, inside the `sexpgpu.devices.base.Program`;
-this loop only sequences the step and sees the loss and metrics. Rank 0
-also writes the records: metrics, status, evaluations and checkpoints.
+this loop only sequences the step and sees the loss and metrics. Rank 0 of
+node 0 also writes the records: metrics, status, evaluations and
+checkpoints. With several nodes, rank 0 of each node speaks for its node
+over the `NodeLink`: the step's small numbers, and at checkpoints the
+digests, loader positions and bf16 rounding errors.
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sexpgpu.devices.base import HostState, Program
+from sexpgpu.devices.collectives import Comms
 from sexpgpu.devices.optim import peak_lr
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.memory import MemoryPlan
+from sexpgpu.runtime.nodes import GradientCarry, NodeLink
 from sexpgpu.train.checkpoint import Checkpoint, Location, save_checkpoint
 from sexpgpu.train.data import Loader
 from sexpgpu.train.metrics import REDUCERS, MetricsLog
@@ -30,7 +35,7 @@ from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
 
-__all__ = ["DIAGNOSTICS", "RankLoop", "RunContext"]
+__all__ = ["DIAGNOSTICS", "RankLoop", "RunContext", "carry_key", "params_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +69,10 @@ class RunContext:
         Progress callback (rank 0's thread).
     status
         Writes ``status.json`` (fields not given keep their last value).
+    link
+        This node's link to the others (a link to itself on one node).
+    carry
+        This node's bf16 rounding error, summed into its next contribution.
     """
 
     settings: RunSettings
@@ -76,9 +85,17 @@ class RunContext:
     report: tuple[str, ...]
     on_step: Callable[[StepReport], None] | None
     status: Callable[..., None]
+    link: NodeLink = field(default_factory=NodeLink)
+    carry: GradientCarry | None = None
 
 
-def _digest(params: Mapping[str, np.ndarray]) -> str:
+def carry_key(node: int) -> str:
+    """The checkpoint's name for node `node`'s bf16 rounding error (in optimizer.safetensors)."""
+    return f"carry/node-{node}"
+
+
+def params_digest(params: Mapping[str, np.ndarray]) -> str:
+    """sha256 over the parameters' names and bytes, in name order."""
     h = hashlib.sha256()
     for k in sorted(params):
         h.update(k.encode())
@@ -100,7 +117,10 @@ class RankLoop:
     ) -> None:
         s = run.settings
         self.run_ctx, self.ctx, self.s, self.metrics = run, ctx, s, metrics
-        self.lead = ctx.rank == 0
+        self.link = run.link
+        self.comms = Comms(ctx, run.link, run.carry if run.carry is not None else GradientCarry())
+        self.lead = ctx.rank == 0 and run.link.node_rank == 0
+        self.speaker = ctx.rank == 0 and run.link.nodes > 1  # this node's voice to the others
         self.program = program
         self.loader = loader
         self.rng = np.random.default_rng(s.seed)  # for stochastic ops; saved and restored
@@ -111,7 +131,7 @@ class RankLoop:
             self.start = ckpt.step
             state = HostState(ckpt.params, ckpt.optimizer, ckpt.state["optimizer"])
             program.start(s.optimizer, seed=s.seed, state=state)
-            self.loader.restore(ckpt.state["loaders"][ctx.rank])
+            self.loader.restore(ckpt.state["loaders"][self.comms.rank])
             self.rng.bit_generator.state = ckpt.state["rng"]
         self.schedule = make_schedule(s.schedule, peak_lr(s.optimizer), s.steps)
         self.diagnostics = self._diagnostics()
@@ -195,8 +215,10 @@ class RankLoop:
         due = [d for d in self.diagnostics if step % d.every == 0]
         if any(d.name == "grad-norm" for d in due):
             local["grad-norm"] = program.local_grad_norm()
-        loss = program.reduce(self.ctx, self.s.microbatches)
+        loss = program.reduce(self.comms, self.s.microbatches)
         locals_ = self.ctx.allgather(local)
+        if self.speaker:
+            locals_ = [x for node in self.link.allgather(locals_) for x in node]
         if not math.isfinite(loss):
             raise SexpgpuError(
                 "E-TRAIN-002",
@@ -223,6 +245,12 @@ class RankLoop:
     def _annotate_start(self) -> None:
         run, m, step = self.run_ctx, self.metrics, self.start
         m.annotate(step, f"devices: {len(run.devices)} x {self.ctx.device.kind}")
+        if self.link.nodes > 1:
+            m.annotate(
+                step,
+                f"nodes: {self.link.nodes}, {len(run.devices)} device(s) each; "
+                f"gradients between nodes in {self.link.gradients}",
+            )
         for line in run.report:
             m.annotate(step, line)
         m.annotate(
@@ -319,19 +347,26 @@ class RankLoop:
 
     def _checkpoint(self, step: int) -> None:
         host = self.program.host_state()
-        mine = {"loader": self.loader.state(), "digest": _digest(host.params)}
+        mine = {"loader": self.loader.state(), "digest": params_digest(host.params)}
         everyone = self.ctx.gather(mine, root=0)
         location = self.run_ctx.location
-        if not self.lead or location is None:
+        if self.ctx.rank != 0 or location is None:  # the same on every node
             return
+        carries = self._node_carries()
+        if self.speaker:
+            everyone = [x for node in self.link.allgather(everyone) for x in node]
         digests = {x["digest"] for x in everyone}
-        if len(digests) > 1:
+        if len(digests) > 1:  # every node's rank 0 sees it: every node stops
+            who = "nodes' or ranks'" if self.link.nodes > 1 else "ranks'"
             raise SexpgpuError(
                 "E-DP-004",
-                f"the ranks' parameters differ at step {step}; checkpoint not written",
+                f"the {who} parameters differ at step {step}; checkpoint not written",
                 str(location),
-                hint="a device computed differently; rerun with SEXPGPU_DEBUG=1 and report it",
+                hint="a device computed differently; rerun with SEXPGPU_DEBUG=1 and report it; "
+                "`--resume latest` continues from the checkpoint before",
             )
+        if not self.lead:
+            return
         state = {
             "format": 1,
             "experiment_hash": self.run_ctx.experiment_hash,
@@ -339,12 +374,25 @@ class RankLoop:
             "loaders": [x["loader"] for x in everyone],
             "rng": self.rng.bit_generator.state,
             "devices": self.ctx.size,
-            "nodes": 1,
+            "nodes": self.link.nodes,
+            "node_gradients": self.link.gradients,
             "device": self.ctx.device.kind,
         }
-        ckpt = Checkpoint(step, host.params, host.moments, state)
+        tensors = dict(host.moments)
+        for node, residual in enumerate(carries or []):
+            tensors[carry_key(node)] = residual
+        ckpt = Checkpoint(step, host.params, tensors, state)
         where = save_checkpoint(location, ckpt)
         self.metrics.annotate(step, f"checkpoint: {where}")
+
+    def _node_carries(self) -> list[np.ndarray] | None:
+        """Every node's bf16 rounding error on node 0 (host arrays); None without."""
+        if not self.speaker or self.link.gradients != "bf16":
+            return None
+        residual = self.comms.carry.residual
+        if residual is None:  # no sum yet; the same on every node
+            return None
+        return self.link.gather(residual)
 
 
 def _eta(times: list[float], remaining: int) -> float | None:

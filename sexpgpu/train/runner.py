@@ -15,25 +15,10 @@ __all__ = ["prepare_run", "run_experiment"]
 
 
 def _config(device: str | None, environ: Mapping[str, str]) -> Any:
-    """The run's `RuntimeConfig`: device kind, local devices, ``SEXPGPU_MEMORY``."""
+    """The run's `RuntimeConfig`: device kind, local devices, ``SEXPGPU_MEMORY``, nodes."""
     from sexpgpu.runtime.config import RuntimeConfig
 
-    config = RuntimeConfig.from_env(environ, device=device)
-    if config.nodes != 1 and config.device == "cpu":
-        raise SexpgpuError(
-            "E-DP-005",
-            f"SEXPGPU_NODES={config.nodes}: runs of several nodes need cuda",
-            "SEXPGPU_NODES",
-            hint="unset SEXPGPU_NODES for a cpu run",
-        )
-    if config.nodes != 1:
-        raise SexpgpuError(
-            "E-DP-005",
-            f"SEXPGPU_NODES={config.nodes}: runs of several nodes are not available yet",
-            "SEXPGPU_NODES",
-            hint="unset SEXPGPU_NODES and train on the GPUs of one node",
-        )
-    return config
+    return RuntimeConfig.from_env(environ, device=device)
 
 
 def _check_trainable(compiled: Any, rundef: Any) -> None:
@@ -94,7 +79,7 @@ def prepare_run(
     on_step
         Progress callback (rank 0's thread).
     environ
-        The environment (default ``os.environ``): device variables.
+        The environment (default ``os.environ``): device and node variables.
     storage_options
         fsspec options for remote checkpoint locations.
     backend
@@ -128,7 +113,7 @@ def prepare_run(
         moments=moments,
         ranks=len(devices),
         memory=config.memory,
-        microbatches=max(1, settings.microbatches // len(devices)),
+        microbatches=max(1, settings.microbatches // config.world_size),
     )
     plan.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
     local = config.local_devices
@@ -151,6 +136,7 @@ def prepare_run(
         resume=resume,
         on_step=on_step,
         storage_options=storage_options,
+        runtime=config,
     )
 
 

@@ -30,7 +30,8 @@ def test_defaults_are_one_cpu_rank_on_one_node():
         nodes=1,
         node_rank=0,
         rendezvous=None,
-        node_gradients="f32",
+        node_gradients="bf16",
+        node_timeout=300.0,
     )
     assert config.local_devices == (Device("cpu", 0),)
     assert (config.local_size, config.world_size, config.first_rank) == (1, 1, 0)
@@ -212,8 +213,21 @@ def test_ipv6_rendezvous():
 
 
 def test_node_gradients_default_and_case():
-    assert RuntimeConfig.from_env({}).node_gradients == "f32"
-    assert RuntimeConfig.from_env({"SEXPGPU_NODE_GRADIENTS": "BF16"}).node_gradients == "bf16"
+    assert RuntimeConfig.from_env({}).node_gradients == "bf16"  # as the contract says
+    assert RuntimeConfig.from_env({"SEXPGPU_NODE_GRADIENTS": "F32"}).node_gradients == "f32"
+
+
+def test_node_timeout_default_and_values():
+    assert RuntimeConfig.from_env({}).node_timeout == 300.0
+    assert RuntimeConfig.from_env({"SEXPGPU_NODE_TIMEOUT": "2.5"}).node_timeout == 2.5
+    for text in ["soon", "0", "-3", "inf", "nan"]:
+        err = error({"SEXPGPU_NODE_TIMEOUT": text})
+        assert err.render() == (
+            f"error[E-DP-005]: SEXPGPU_NODE_TIMEOUT='{text}' is not a number of seconds\n"
+            " --> SEXPGPU_NODE_TIMEOUT\n"
+            "  = hint: give the seconds a node waits for the others, such as "
+            "SEXPGPU_NODE_TIMEOUT=600, or unset it for 300"
+        )
 
 
 def node_error(**changes) -> SexpgpuError:
@@ -234,14 +248,10 @@ def test_e_dp_005_node_count():
     assert node_error(SEXPGPU_NODES="0").message == "SEXPGPU_NODES='0' is not a node count"
 
 
-def test_e_dp_005_nodes_without_cuda():
-    err = node_error(SEXPGPU_DEVICE="cpu")
-    assert err.render() == (
-        "error[E-DP-005]: SEXPGPU_NODES=2 needs the cuda device, but the device is cpu\n"
-        " --> SEXPGPU_NODES\n"
-        "  = hint: set SEXPGPU_DEVICE=cuda (or --device cuda) on every node, or unset "
-        "SEXPGPU_NODES to run on one node"
-    )
+def test_cpu_nodes_are_allowed_over_gloo():
+    # docs/devices.md: several cpu nodes rehearse a launch without GPUs.
+    config = RuntimeConfig.from_env({**MULTI_NODE, "SEXPGPU_DEVICE": "cpu"})
+    assert (config.device, config.nodes, config.node_rank) == ("cpu", 2, 1)
 
 
 def test_e_dp_005_node_rank():
@@ -292,8 +302,8 @@ def test_e_dp_005_node_gradients():
     assert err.render() == (
         "error[E-DP-005]: SEXPGPU_NODE_GRADIENTS='fp16' is not a gradient dtype\n"
         " --> SEXPGPU_NODE_GRADIENTS\n"
-        "  = hint: use f32 (the default: two nodes of one GPU train bitwise like one node of "
-        "two) or bf16 (half the traffic; each rounding error is carried to the next step)"
+        "  = hint: use bf16 (the default: half the traffic; each rounding error is carried to "
+        "the next step) or f32 (two nodes of one GPU train bitwise like one node of two)"
     )
 
 

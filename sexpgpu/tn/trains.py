@@ -46,11 +46,14 @@ class Layer:
         The train's kind.
     transposed : bool
         Whether ``u`` and ``d`` are swapped on reading (a bra rewritten as a ket).
+    where : str
+        How errors name the train (``compress: tensor (train 0``).
     """
 
     sites: Sequence[Any]
     kind: Kind
     transposed: bool = False
+    where: str = "train"
 
     def __len__(self) -> int:
         return len(self.sites)
@@ -73,6 +76,12 @@ class Layer:
         """Read site ``j`` into memory as a padded ``(l, r, u, d)`` array."""
         site = self.sites[j]
         core = site if type(site) is np.ndarray else np.asarray(site)
+        if not np.isfinite(core).all():  # sites are read lazily: each is checked as it comes
+            bad = int(core.size - np.count_nonzero(np.isfinite(core)))
+            raise ValueError(
+                f"{self.where}, site {j}) holds {bad} NaN or infinite value(s); the result "
+                "would be NaN. Check the input (a failed earlier step, an overflow)."
+            )
         if self.kind == "mps":
             core = core[..., None]
         elif self.transposed:
@@ -118,6 +127,11 @@ class Stack:
 
 def _shape(site: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in site.shape)
+
+
+def _label(fn: str, names: Sequence[str], i: int) -> str:
+    """``compress: tensor (train 0``: `_where` without its closing parenthesis."""
+    return _where(fn, names, i)[:-1]
 
 
 def _where(fn: str, names: Sequence[str], i: int, j: int | None = None) -> str:
@@ -292,9 +306,15 @@ def normalize_stack(trains: Sequence[object], fn: str, names: Sequence[str]) -> 
     dtype = np.result_type(*(np.dtype(site.dtype) for train in typed for site in train))
     if len(typed) > 1 and kinds[0] == "mps":
         # phi^T A_1 ... A_k  ==  (A_k^T ... A_1^T phi)^T, and an MPS is its own transpose.
-        layers = [Layer(t, "mpo", transposed=True) for t in reversed(typed[1:])]
-        return Stack([*layers, Layer(typed[0], "mps")], "mps", dtype)
-    layers = [Layer(t, k) for t, k in zip(typed, kinds, strict=True)]
+        layers = [
+            Layer(t, "mpo", transposed=True, where=_label(fn, names, i))
+            for i, t in reversed(list(enumerate(typed))[1:])
+        ]
+        return Stack([*layers, Layer(typed[0], "mps", where=_label(fn, names, 0))], "mps", dtype)
+    layers = [
+        Layer(t, k, where=_label(fn, names, i))
+        for i, (t, k) in enumerate(zip(typed, kinds, strict=True))
+    ]
     return Stack(layers, "mps" if "mps" in kinds else "mpo", dtype)
 
 

@@ -278,3 +278,15 @@ def test_numpy_integer_chi_out_and_keywords_match_src_method():
     a = apply(left_tensor=_mpo(), right_tensor=_mps(), chi_out=np.int64(3), seed=1)
     b = compress(tensor=_mps(), chi_out=np.int32(3), seed=1)
     assert a[1].shape[1] <= 3 and b[1].shape[1] <= 3
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_site_is_refused_not_propagated(bad):
+    rng = np.random.default_rng(0)
+    psi = [rng.random((4, 2)), rng.random((4, 4, 2)), rng.random((4, 4, 2)), rng.random((4, 2))]
+    psi[2][1, 0, 0] = bad
+    with pytest.raises(ValueError) as info:
+        compress(psi, 2, seed=0)
+    assert str(info.value).startswith(
+        "compress: tensor (train 0, site 2) holds 1 NaN or infinite value(s)"
+    )

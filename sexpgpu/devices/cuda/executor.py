@@ -37,6 +37,7 @@ from sexpgpu.devices.cuda.attention import (
     select_sdpa_backend,
 )
 from sexpgpu.devices.cuda.lowering import KERNELS, LOWERINGS, full_precision, torch_dtype
+from sexpgpu.ir.decompose import decompose
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.ops import FED, VIEW, Op
@@ -79,6 +80,8 @@ class TorchGraph:
     def __init__(
         self, graph: Graph, device: torch.device, attention_backend: str | None = None
     ) -> None:
+        # What the lowering has no kernel for runs as its decomposition into primitives.
+        graph = decompose(graph, keep=LOWERINGS.__contains__)
         self.graph = graph
         self.device = torch.device(device)
         self.order = graph.nodes()

@@ -152,3 +152,23 @@ def test_explain_prints_the_cuda_plan_for_a_named_card(tmp_path: Path, capsys, m
     monkeypatch.delenv("SEXPGPU_MEMORY")
     assert main(["explain", str(ROOT / "examples/gpt.lisp"), "--device", "cuda"]) == 1
     assert "error[E-DP-001]: no GPU is visible" in capsys.readouterr().err
+
+
+def test_a_fused_op_without_a_kernel_runs_decomposed(monkeypatch) -> None:
+    import torch
+
+    from sexpgpu.devices.cpu import run
+    from sexpgpu.devices.cuda import executor
+    from sexpgpu.ir import builder as b
+    from sexpgpu.ir.node import Graph
+    from sexpgpu.ir.ops import Op
+
+    x = b.input("x", (4, 8), "f32")
+    graph = Graph.of({"y": b.layernorm(b.gelu(x), 1e-5)})
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    lowerings = {op: fn for op, fn in executor.LOWERINGS.items() if op is not Op.GELU}
+    monkeypatch.setattr(executor, "LOWERINGS", lowerings)
+    program = executor.TorchGraph(graph, torch.device("cpu"))
+    assert Op.GELU not in {n.op for n in program.order}
+    got = program(feeds)["y"].numpy()
+    np.testing.assert_allclose(got, run(graph, feeds)["y"], rtol=1e-5, atol=1e-6)

@@ -87,7 +87,7 @@ class TrainState:
         self.optimizer: Optimizer | None = None
         self.events: list[str] = []
         self._split = SplitState()
-        self._release, self._inject = release, inject
+        self._release, self.inject = release, inject
         self._grads: dict[str, Any] | None = None
         self._loss: Any = 0.0
         self._count = 0
@@ -134,8 +134,8 @@ class TrainState:
         self._take_events()
 
     def _train(self, batch: Mapping[str, np.ndarray]) -> Any:
-        if self._inject is not None:
-            self._inject.check()
+        if self.inject is not None:
+            self.inject.check()
         return self.kernels.train_step(self.values, batch)
 
     def local_grad_norm(self) -> float:

@@ -103,7 +103,12 @@ class CompiledRun:
     """
 
     def __init__(
-        self, name: str, trace: Trace, train_graph: Graph, eval_graph: Graph, model_inputs
+        self,
+        name: str,
+        trace: Trace,
+        train_graph: Graph,
+        eval_graph: Graph,
+        model_inputs: tuple[str, ...],
     ) -> None:
         self.name = name
         self._trace = trace
@@ -117,7 +122,7 @@ class CompiledRun:
             key: (node.shape, str(node.dtype)) for key, node in trace.inputs.items()
         }
         self.flops_per_step = matmul_flops(train_graph)
-        self.target = _target_field(trace, tuple(model_inputs))
+        self.target = _target_field(trace, model_inputs)
         self.trainable = any(n.op is Op.PARAM for n in topological_order([trace.loss]))
 
     @property
@@ -194,7 +199,7 @@ def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
         outputs["output"] = trace.output
     evaluation = optimize(Graph.of(outputs, leaves), check=verify)
     model = experiment.models[run.model]
-    model_inputs = [getattr(s, "name", str(s)) for s in model.inputs]
+    model_inputs = tuple(getattr(s, "name", str(s)) for s in model.inputs)
     compiled = CompiledRun(run.name, trace, train, evaluation, model_inputs)
     log.info(
         "compiled %s: %d parameters, %d nodes, %.3g FLOPs per microbatch",

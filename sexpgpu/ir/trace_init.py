@@ -12,7 +12,7 @@ INIT                   values
 For a shape ``[... in out]`` the fans are ``in`` and ``out`` times the
 product of the leading axes; a vector has both fans equal to its length.
 `draw` takes the generator to use, so that the caller decides the stream
-(`sexpgpu.devices.program` derives one per parameter from the seed and the
+(`sexpgpu.ir.compile.CompiledRun.init_params` derives one per parameter from the seed and the
 parameter's path name).
 """
 

@@ -125,7 +125,7 @@ def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path) -> None:
 
     def injected(rank):
         program = make(rank)
-        program._inject = inject
+        program.inject = inject
         return program
 
     trainer.make_program = injected

@@ -1,4 +1,4 @@
-"""compile_run: the TrainingProgram contract on the cpu interpreter."""
+"""compile_run and the cpu kernels: parameters, inputs, FLOPs, and the interpreter's step."""
 
 from __future__ import annotations
 

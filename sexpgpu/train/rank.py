@@ -95,7 +95,7 @@ def carry_key(node: int) -> str:
 
 
 def params_digest(params: Mapping[str, np.ndarray]) -> str:
-    """sha256 over the parameters' names and bytes, in name order."""
+    """sha256 over the arrays' names and bytes, in name order."""
     h = hashlib.sha256()
     for k in sorted(params):
         h.update(k.encode())
@@ -347,7 +347,8 @@ class RankLoop:
 
     def _checkpoint(self, step: int) -> None:
         host = self.program.host_state()
-        mine = {"loader": self.loader.state(), "digest": params_digest(host.params)}
+        # Parameters and optimizer moments: ranks that disagree in either would drift apart.
+        mine = {"loader": self.loader.state(), "digest": params_digest(host.params | host.moments)}
         everyone = self.ctx.gather(mine, root=0)
         location = self.run_ctx.location
         if self.ctx.rank != 0 or location is None:  # the same on every node
@@ -360,7 +361,8 @@ class RankLoop:
             who = "nodes' or ranks'" if self.link.nodes > 1 else "ranks'"
             raise SexpgpuError(
                 "E-DP-004",
-                f"the {who} parameters differ at step {step}; checkpoint not written",
+                f"the {who} parameters or optimizer states differ at step {step}; "
+                "checkpoint not written",
                 str(location),
                 hint="a device computed differently; rerun with SEXPGPU_DEBUG=1 and report it; "
                 "`--resume latest` continues from the checkpoint before",

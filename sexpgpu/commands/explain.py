@@ -128,4 +128,7 @@ def lowering_report(
     backend = get_device(device)
     moments = len(getattr(OPTIMIZERS.get(run.optimizer.name), "moments", ()))
     plan = backend.plan(compiled, moments=moments, ranks=config.local_size, memory=config.memory)
-    return backend.report(compiled, plan)
+    lines = backend.report(compiled, plan)
+    if not plan.fits:
+        lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
+    return lines

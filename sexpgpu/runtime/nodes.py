@@ -22,6 +22,8 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,8 +105,8 @@ class NodeLink:
             store = dist.TCPStore(
                 host, port, config.nodes, is_master=config.node_rank == 0, timeout=wait
             )
-            _check_fingerprints(store, config, fingerprint)
-            chosen = backend or ("nccl" if config.device == "cuda" else "gloo")
+            places = _check_fingerprints(store, config, fingerprint)
+            chosen = backend or _backend(config, places)
             dist.init_process_group(
                 chosen, store=store, rank=config.node_rank, world_size=config.nodes, timeout=wait
             )
@@ -163,8 +165,11 @@ class NodeLink:
                 flat = flat + _as_tensor(carry.residual).to(flat.device)
             sent = flat.to(torch.bfloat16)
             carry.residual = flat - sent.to(torch.float32)
+        if self.backend != "nccl":
+            sent = sent.cpu()  # Gloo sends host tensors
         parts = [torch.empty_like(sent) for _ in range(self.nodes)]
         self._collective("a cross-node sum", lambda: self._dist.all_gather(parts, sent))
+        parts = [p.to(flat.device) for p in parts]
         total = parts[0].to(torch.float32)
         for part in parts[1:]:
             total = total + part.to(torch.float32)  # node order: the same on every node
@@ -260,8 +265,12 @@ def _like(result: Any, original: Any) -> Any:
 
 def _check_fingerprints(
     store: Any, config: RuntimeConfig, fingerprint: Mapping[str, object]
-) -> None:
-    """Every node posts its fingerprint; each compares all of them with node 0's."""
+) -> list[list[str]]:
+    """Every node posts its fingerprint; each compares all of them with node 0's.
+
+    Returns every node's GPUs as ``host/CUDA_VISIBLE_DEVICES/ordinal`` names
+    (they are not compared: they tell nodes that share a GPU).
+    """
     mine = {
         **fingerprint,
         "device": config.device,
@@ -269,8 +278,10 @@ def _check_fingerprints(
         "nodes": config.nodes,
         "node gradients": config.node_gradients,
     }
-    store.set(f"{_PREFIX}{config.node_rank}", json.dumps(mine, sort_keys=True))
-    prints = [json.loads(store.get(f"{_PREFIX}{node}")) for node in range(config.nodes)]
+    posted = {"print": mine, "gpus": _gpu_names(config)}
+    store.set(f"{_PREFIX}{config.node_rank}", json.dumps(posted, sort_keys=True))
+    posts = [json.loads(store.get(f"{_PREFIX}{node}")) for node in range(config.nodes)]
+    prints = [post["print"] for post in posts]
     # Every node has read every fingerprint before any node may stop (node 0
     # holds the store: leaving early would cut the others off mid-read).
     store.set(f"{_PREFIX}read/{config.node_rank}", "1")
@@ -287,6 +298,25 @@ def _check_fingerprints(
                     hint="run the same experiment, code and checkpoint with the same "
                     "SEXPGPU_* variables and GPU count on every node",
                 )
+    return [post["gpus"] for post in posts]
+
+
+def _gpu_names(config: RuntimeConfig) -> list[str]:
+    if config.device != "cuda":
+        return []
+    where = f"{socket.gethostname()}/{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"
+    return [f"{where}/{index}" for index in config.devices]
+
+
+def _backend(config: RuntimeConfig, places: list[list[str]]) -> str:
+    """NCCL between GPUs; Gloo on cpu, and where nodes share a GPU (NCCL refuses that)."""
+    if config.device != "cuda":
+        return "gloo"
+    names = [name for node in places for name in node]
+    if len(set(names)) < len(names):
+        log.info("nodes share a GPU: their sums go through Gloo, not NCCL")
+        return "gloo"
+    return "nccl"
 
 
 def _first_line(err: BaseException) -> str:

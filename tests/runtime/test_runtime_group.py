@@ -329,3 +329,18 @@ def test_a_failure_inside_a_collective_aborts_the_group():
         cpu_group(4, timeout=60).run(step)
     assert info.value.__notes__ == ["raised on rank 0 (cpu:0) of 4"]
     assert seen == {1: 0, 2: 0, 3: 0}
+
+
+def test_share_hands_every_rank_the_others_values_themselves():
+    data = [np.arange(3) + r for r in range(3)]
+
+    def step(ctx):
+        everyone = ctx.share(data[ctx.rank])
+        if ctx.rank == 0:  # one thread works on every rank's array, as NCCL does
+            for x in everyone:
+                x *= 10
+        ctx.barrier()
+        return [x is data[r] for r, x in enumerate(everyone)]
+
+    assert cpu_group(3).run(step) == [[True] * 3] * 3
+    assert [list(x) for x in data] == [[0, 10, 20], [10, 20, 30], [20, 30, 40]]

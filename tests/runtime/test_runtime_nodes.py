@@ -37,6 +37,11 @@ for step in range(2):
     summed = link.sum(grads, carry)
     assert [g.dtype for g in summed] == [torch.float32, torch.float64]
     out.append([g.tolist() for g in grads] + [s.tolist() for s in summed])
+import numpy as np
+gathered = link.gather(np.full(3, rank, np.float32))
+out.append({"all": link.allgather({"node": rank, "x": 0.1 * (rank + 1)}),
+            "gathered": None if gathered is None else [g.tolist() for g in gathered]})
+link.barrier()
 link.close()
 print(json.dumps(out))
 """
@@ -106,6 +111,10 @@ def test_two_nodes_sum_f32_in_node_order():
             assert torch.equal(summed[0], g0[0] + g1[0])
             expected = (g0[1].float() + g1[1].float()).double()
             assert torch.equal(summed[1], expected)
+    for node in range(2):  # JSON values in node order on every node; gathers on node 0
+        exchanged = per_node[node][2]
+        assert exchanged["all"] == [{"node": 0, "x": 0.1}, {"node": 1, "x": 0.2}]
+        assert exchanged["gathered"] == ([[0.0] * 3, [1.0] * 3] if node == 0 else None)
 
 
 @pytest.mark.timeout(600)

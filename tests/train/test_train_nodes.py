@@ -187,3 +187,23 @@ def test_e_dp_007_a_node_killed_mid_run_stops_the_others(tmp_path):
     assert "node 0: another node left the run" in err
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "failed" and status["step"] >= 1  # rewritten at most once a second
+
+
+def test_two_nodes_of_two_ranks_train_like_four_ranks(tmp_path):
+    text = MLP.replace("(microbatches 2)", "(microbatches 4)").replace(
+        ":seed 3", ":seed 3\n  :diagnostics ((grad-norm :every 2 :reduce max))"
+    )
+    path = _experiment(tmp_path, text)
+    env = {"SEXPGPU_DEVICES": "0,1", "SEXPGPU_NODE_GRADIENTS": "f32"}
+    _ok(run_nodes([[path, "--out", str(tmp_path / "nodes")]] * 2, envs=[env, env]))
+    four = run_experiment(path, out=tmp_path / "four", environ={"SEXPGPU_DEVICES": "0,1,2,3"})
+    nodes = load_checkpoint(tmp_path / "nodes" / "checkpoints")
+    assert [x["rank"] for x in nodes.state["loaders"]] == [0, 1, 2, 3]
+    for k in four.params:  # (g0 + g1) + (g2 + g3) against ((g0 + g1) + g2) + g3
+        np.testing.assert_allclose(nodes.params[k], four.params[k], rtol=1e-5, atol=1e-6)
+    ours, theirs = (
+        series(tmp_path / "nodes", "diag/grad-norm"),
+        series(tmp_path / "four", "diag/grad-norm"),
+    )
+    assert sorted(ours) == [2, 4, 6]
+    np.testing.assert_allclose([ours[s] for s in ours], [theirs[s] for s in ours], rtol=1e-5)

@@ -18,7 +18,7 @@ python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__vers
 for part in $parts; do
   case $part in
   tests)
-    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/devices tests/runtime \
+    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/devices tests/runtime tests/train \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
   smoke)
     # The issue's check: cuda gives the cpu run's losses to bf16 tolerance.
@@ -36,9 +36,26 @@ for part in $parts; do
       # The GPU tests live in one module (the others need h5py, zarr and quimb).
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn/test_tn_devices.py \
         2>&1 | tee "$OUT/tn_gpu_tests.log" | tail -30
-      timeout 300 python3 benches/tn_gpu.py --sites 25 50 --chi 1000 --reps 3 --exact \
+      timeout 300 python3 benches/tn_gpu.py --sites 20 40 --chi 500 --reps 2 --gpu-memory 600MiB \
         2>&1 | tee "$OUT/tn_gpu_bench.log" | tail -30
     fi ;;
+  dp)
+    # Data parallel on the one GPU: SEXPGPU_DEVICES=0 is the single-GPU run, and two
+    # node processes sharing the GPU (over loopback) train like one process of two ranks.
+    sed 's/(microbatches 1)/(microbatches 2)/' examples/gpt.lisp > /tmp/gpt-mb2.lisp
+    run() { python3 -m sexpgpu run /tmp/gpt-mb2.lisp --variant smoke --steps 40 "$@"; }
+    SEXPGPU_DEVICE=cuda run --out /tmp/dp-plain > "$OUT/dp_plain.log" 2>&1
+    SEXPGPU_DEVICE=cuda SEXPGPU_DEVICES=0 run --out /tmp/dp-one > "$OUT/dp_one.log" 2>&1
+    for r in 1 0; do
+      SEXPGPU_DEVICE=cuda SEXPGPU_NODES=2 SEXPGPU_NODE_RANK=$r SEXPGPU_RENDEZVOUS=127.0.0.1:29561 \
+        SEXPGPU_NODE_GRADIENTS=f32 SEXPGPU_NODE_TIMEOUT=120 run --out /tmp/dp-node$r \
+        > "$OUT/dp_node$r.log" 2>&1 &
+    done
+    wait
+    tail -3 "$OUT/dp_node0.log" "$OUT/dp_node1.log"
+    python3 benches/compare_runs.py /tmp/dp-plain /tmp/dp-one --rtol 0 2>&1 | tee "$OUT/dp_compare.log"
+    python3 benches/compare_runs.py /tmp/dp-plain /tmp/dp-node0 --rtol 1e-5 2>&1 | tee -a "$OUT/dp_compare.log"
+    grep -h '"train/loss"' /tmp/dp-plain/metrics.jsonl | head -5 ;;
   probe)
     timeout 200 python3 dev/tn_gpu_probe.py 2>&1 | tee "$OUT/probe.log" ;;
   esac

@@ -178,17 +178,12 @@ class NumpyBackend(Backend):
         return q * phase, phase.conj()[:, None] * r
 
     def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return _gauged_svd(x)
+        u, s, vh = host_svd(x)
+        phase = _unit(u[np.abs(u).argmax(axis=0), np.arange(u.shape[1])], np)
+        return u * phase.conj(), s, phase[:, None] * vh
 
     def scale_rows(self, sv: np.ndarray, x: np.ndarray) -> np.ndarray:
         return sv[:, None] * x
-
-
-def _gauged_svd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`host_svd` with each left singular vector's largest entry real and positive."""
-    u, s, vh = host_svd(x)
-    phase = _unit(u[np.abs(u).argmax(axis=0), np.arange(u.shape[1])], np)
-    return u * phase.conj(), s, phase[:, None] * vh
 
 
 def _unit(values: Any, xp: Any) -> Any:
@@ -326,12 +321,11 @@ class TorchBackend(Backend):
         return q * phase, phase.conj()[:, None] * r
 
     def svd(self, x: Any) -> tuple[Any, np.ndarray, Any]:
-        # On the host: the sweep's SVDs are of small R factors, where LAPACK's
-        # divide and conquer beats cuSOLVER's Jacobi SVD several times over (on
-        # an H200, 67 ms for a 500 x 500 complex128 R), and every backend then
-        # takes the same factors.
-        u, s, vh = _gauged_svd(self.to_host(x))
-        return self.upload(u), s, self.upload(vh)
+        torch = self._torch
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        columns = torch.arange(u.shape[1], device=u.device)
+        phase = _unit(u[u.abs().argmax(dim=0), columns], torch)
+        return u * phase.conj(), s.cpu().numpy(), phase[:, None] * vh
 
     def scale_rows(self, sv: np.ndarray, x: Any) -> Any:
         scale = self._torch.from_numpy(np.ascontiguousarray(sv)).to(self._dev, dtype=x.dtype)

@@ -87,7 +87,8 @@ class Program(Protocol):
         ...
 
     def reduce(self, ctx: Any, microbatches: int) -> float:
-        """Sum the buffers over the group (`ctx.all_reduce`), divide by `microbatches`.
+        """Sum the buffers over every rank (`sexpgpu.devices.collectives.sum_over_ranks`:
+        this node's ranks, then the nodes), divide by the run's `microbatches`.
 
         Returns the mean loss; the buffers then hold the mean gradients.
         """

@@ -127,9 +127,9 @@ class CudaDevice:
         gradient buffers are float32 for the whole run; the largest graph's
         live set (its constants apart) comes from the executor's schedule;
         the workspace is cuBLAS's (PyTorch takes it from its caching allocator)
-        and the optimizer's temporaries, a few of the largest parameter.
+        and the optimizer's temporaries, a few of the largest parameter. With
+        several ranks, NCCL sums packed copies of the gradients.
         """
-        del ranks  # each rank has a GPU of its own
         budget = detect_budget(self._budget_device(), memory)
         live, _ = self._live_set(compiled)
         params = 4 * compiled.param_count
@@ -143,6 +143,8 @@ class CudaDevice:
             "constants": constants,
             "activations": max(0, live - fed - constants),
             "workspace": CUBLAS_WORKSPACE + 3 * largest,
+            # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
+            "collectives": params if ranks > 1 else 0,
         }
         return MemoryPlan(budget, parts)
 

@@ -156,5 +156,8 @@ def main(args: argparse.Namespace) -> int:
         done += f", eval accuracy {summary.eval_accuracy:.4f}"
     if summary.memory is not None:
         print(summary.memory)
-    print(f"{done}, {summary.seconds:.1f}s -> {trainer.run_dir}")
+    if trainer.lead_node:
+        print(f"{done}, {summary.seconds:.1f}s -> {trainer.run_dir}")
+    else:  # node 0 writes the records
+        print(f"{done}, {summary.seconds:.1f}s (node 0 writes the records)")
     return 0

@@ -249,7 +249,9 @@ _STATE_TYPES: dict[str, type | tuple[type, ...]] = {
 Shapes = Mapping[str, tuple[int, ...]]
 
 
-def _read_verified(location: Location, step: int, expect: Shapes | None = None) -> Checkpoint:
+def _read_verified(
+    location: Location, step: int, expect: Shapes | None = None, complete: bool = False
+) -> Checkpoint:
     """Read and check one step; raise E-CKPT-002 on anything missing, altered or malformed.
 
     The checksums only show that the files are the ones the manifest names;
@@ -281,15 +283,19 @@ def _read_verified(location: Location, step: int, expect: Shapes | None = None) 
                 where,
                 hint="the file was altered or damaged; resume from an earlier checkpoint",
             )
-    state = _state(blobs["state.json"], step, where)
+    state = _state(blobs["state.json"], step, where, complete)
     params = _tensors(blobs["params.safetensors"], "params.safetensors", where)
     optimizer = _tensors(blobs["optimizer.safetensors"], "optimizer.safetensors", where)
     _check_shapes(params, optimizer, expect, where)
     return Checkpoint(step=step, params=params, optimizer=optimizer, state=state, where=where)
 
 
-def _state(blob: bytes, step: int, where: str) -> dict[str, Any]:
-    """state.json, checked: an object of the folder's step whose keys have their types."""
+def _state(blob: bytes, step: int, where: str, complete: bool) -> dict[str, Any]:
+    """state.json, checked: an object of the folder's step whose keys have their types.
+
+    With `complete` (a run resuming, which knows its model) every key a resume
+    reads must be there.
+    """
     try:
         state = json.loads(blob)
     except ValueError as err:
@@ -298,6 +304,9 @@ def _state(blob: bytes, step: int, where: str) -> dict[str, Any]:
         raise _damaged(where, "state.json is not a JSON object")
     if type(state.get("step")) is not int or state["step"] != step:
         raise _damaged(where, f"state.json's step is {json.dumps(state.get('step'))}, not {step}")
+    missing = [key for key in _STATE_TYPES if key not in state] if complete else []
+    if missing:
+        raise _damaged(where, f"state.json has no `{missing[0]}`")
     for key, kind in _STATE_TYPES.items():
         if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
             raise _damaged(where, f"state.json's `{key}` is {json.dumps(state[key])[:60]}")
@@ -351,6 +360,7 @@ def load_checkpoint(
     experiment_hash: str | None = None,
     max_step: int | None = None,
     expect: Shapes | None = None,
+    complete: bool = False,
 ) -> Checkpoint:
     """Load a checkpoint: a ``step-N`` folder, or the newest complete one of a location.
 
@@ -375,11 +385,14 @@ def load_checkpoint(
         Parameter name -> shape of the model: a checkpoint whose parameters
         are missing, extra or of another shape is damaged (skipped in a
         location, E-CKPT-002 when named directly).
+    complete
+        A state without every key a resume reads (devices, nodes, optimizer,
+        loaders, rng) is damaged too.
     """
     text = str(where).rstrip("/")
     parent, _, leaf = text.rpartition("/")
     if (m := _STEP.match(leaf)) and parent:
-        return _read_verified(Location(parent, storage_options), int(m[1]), expect)
+        return _read_verified(Location(parent, storage_options), int(m[1]), expect, complete)
     location = Location(text, storage_options)
     skipped: list[str] = []
     passed: list[str] = []  # sound checkpoints that are not this run's
@@ -388,7 +401,7 @@ def load_checkpoint(
             passed.append(f"step-{step} is past step {max_step}")
             continue
         try:
-            ckpt = _read_verified(location, step, expect)
+            ckpt = _read_verified(location, step, expect, complete)
         except SexpgpuError as err:
             log.warning("checkpoint: skipping %s/step-%d: %s", text, step, err.message)
             skipped.append(err.message)

@@ -244,6 +244,12 @@ class Trainer:
                 hint="point --out at a new or existing folder you can write to",
             ) from None
 
+    def _load(self, where: str, **filters: Any) -> Checkpoint:
+        """A checkpoint that fits this run's model, its state complete (else skipped as damaged)."""
+        return load_checkpoint(
+            where, self.storage_options, expect=self.param_shapes, complete=True, **filters
+        )
+
     def _latest(self, where: str) -> Checkpoint:
         """The newest sound checkpoint of this experiment at or below the run's steps.
 
@@ -251,18 +257,12 @@ class Trainer:
         checks below say what it is (another experiment's: E-CKPT-003; past the
         steps: E-CLI-001).
         """
-        newest = load_checkpoint(where, self.storage_options, expect=self.param_shapes)
+        newest = self._load(where)
         mine = newest.state.get("experiment_hash") == self.hash
         if mine and newest.step <= self.settings.steps:
             return newest
         try:
-            return load_checkpoint(
-                where,
-                self.storage_options,
-                experiment_hash=self.hash,
-                max_step=self.settings.steps,
-                expect=self.param_shapes,
-            )
+            return self._load(where, experiment_hash=self.hash, max_step=self.settings.steps)
         except SexpgpuError as err:
             if err.code != "E-CKPT-001":
                 raise
@@ -281,7 +281,7 @@ class Trainer:
                 )
             ckpt = self._latest(self.location.where)
         else:
-            ckpt = load_checkpoint(self.resume, self.storage_options, expect=self.param_shapes)
+            ckpt = self._load(self.resume)
         state = ckpt.state
         if state.get("experiment_hash") != self.hash:
             raise SexpgpuError(

@@ -213,3 +213,24 @@ def test_another_experiment_of_the_same_run_name_is_refused(tmp_path, capsys):
     assert main(["run", str(second), "--out", out, "--resume", "latest"]) == 1
     assert "error[E-CKPT-001]: no complete checkpoint" in capsys.readouterr().err
     assert sorted(series(tmp_path / "run", "train/loss")) == [1, 2]  # nothing mixed in
+
+
+def test_a_state_without_a_key_is_damage_and_the_one_before_is_used(tmp_path, capsys):
+    import hashlib
+
+    path = _experiment(tmp_path)
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out)]) == 0
+    step = out / "checkpoints" / "step-10"
+    state = json.loads((step / "state.json").read_text())
+    del state["rng"]
+    blob = json.dumps(state).encode()
+    (step / "state.json").write_bytes(blob)
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["files"]["state.json"] = hashlib.sha256(blob).hexdigest()
+    (step / "manifest.json").write_text(json.dumps(manifest))  # the checksums match again
+    capsys.readouterr()
+    assert main(["run", str(path), "--out", str(out), "--resume", "latest"]) == 0
+    notes = [r["value"] for r in read_metrics(out / "metrics.jsonl") if r["name"] == "annotation"]
+    assert any("skipped damaged" in n and "has no `rng`" in n for n in notes)
+    assert any(n.startswith("resume: from") and n.endswith("step-5") for n in notes)

@@ -37,6 +37,7 @@ __all__ = [
     "HostState",
     "Program",
     "get_device",
+    "load_entry",
 ]
 
 
@@ -169,5 +170,10 @@ DEVICES: dict[str, str] = {
 
 def get_device(name: str) -> Device:
     """The device users call `name` (``cpu`` or ``cuda``), its module imported now."""
-    module, _, attr = DEVICES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)()
+    return load_entry(DEVICES[name])()
+
+
+def load_entry(path: str) -> Any:
+    """The object a registry entry ``"package.module:name"`` names, importing its module."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)

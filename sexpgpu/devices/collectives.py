@@ -18,13 +18,13 @@ rank then node order.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from sexpgpu.devices.base import load_entry
 from sexpgpu.runtime.nodes import GradientCarry, NodeLink
 
 __all__ = ["LOCAL_SUMS", "Comms", "GroupSum", "LocalSum", "local_sum", "sum_over_ranks"]
@@ -74,8 +74,7 @@ LOCAL_SUMS: dict[str, str] = {
 
 def local_sum(kind: str) -> LocalSum:
     """The `LocalSum` of device kind `kind` (``cpu`` or ``cuda``)."""
-    module, _, attr = LOCAL_SUMS[kind].partition(":")
-    return getattr(importlib.import_module(module), attr)()
+    return load_entry(LOCAL_SUMS[kind])()
 
 
 @dataclass

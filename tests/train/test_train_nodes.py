@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from mlp_experiment import mlp_text
 from node_helpers import finish, run_nodes, start_nodes
 from run_reference import series
 
@@ -21,23 +22,7 @@ from sexpgpu.train.metrics import read_metrics
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(300)
 
-MLP = """
-(defparams (hidden 16) (steps 6) (microbatches 2))
-(defdata digits (digits) :split 0.9)
-(defmodel mlp (x) (-> x (linear hidden) tanh (linear 10)))
-(defrun train
-  :model mlp
-  :data digits
-  :loss (cross-entropy (mlp x) y)
-  :optimizer (adamw :lr 1e-2 :betas [0.9 0.95] :weight-decay 0.1)
-  :schedule (cosine :warmup 3 :floor 0.1)
-  :clip 0.5
-  :batch 16
-  :microbatches microbatches
-  :steps steps
-  :seed 3
-  :checkpoint (every 3 "checkpoints"))
-"""
+MLP = mlp_text(hidden=16, steps=6, every=3)
 
 
 def _experiment(tmp_path, text=MLP, name="mlp.lisp"):

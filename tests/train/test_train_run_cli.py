@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mlp_experiment import mlp_text
 from run_reference import series, torch_mlp_losses
 from sigkill_helpers import kill_at_step
 
@@ -18,23 +19,7 @@ from sexpgpu.train.schedules import make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MLP = """
-(defparams (hidden 32) (steps 10) (microbatches 2))
-(defdata digits (digits) :split 0.9)
-(defmodel mlp (x) (-> x (linear hidden) tanh (linear 10)))
-(defrun train
-  :model mlp
-  :data digits
-  :loss (cross-entropy (mlp x) y)
-  :optimizer (adamw :lr 1e-2 :betas [0.9 0.95] :weight-decay 0.1)
-  :schedule (cosine :warmup 3 :floor 0.1)
-  :clip 0.5
-  :batch 16
-  :microbatches microbatches
-  :steps steps
-  :seed 3
-  :checkpoint (every 5 "checkpoints"))
-"""
+MLP = mlp_text()
 
 
 def _experiment(tmp_path, text=MLP, name="mlp.lisp"):

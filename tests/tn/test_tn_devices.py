@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
 import numpy as np
 import pytest
 import torch
-from tn_helpers import EXACT_TOL, dense_stack, make_stack, rel_error
+from tn_helpers import EXACT_TOL, dense_stack, make_stack, rel_error, run_src
 
 from sexpgpu.runtime.group import GroupAborted
 from sexpgpu.tn import Resources, src
-from sexpgpu.tn.api import run_stack
 from sexpgpu.tn.plan import minimum_budgets
 from sexpgpu.tn.trains import normalize_stack
 
@@ -37,21 +37,7 @@ def _close(a, b, dtype):
         assert np.linalg.norm(x - y) <= CLOSE[dtype] * max(1.0, target)
 
 
-def _run(stack, chi, *, device="cpu", backend=None, resources=None, **kw):
-    names = [f"trains[{i}]" for i in range(len(stack))]
-    return run_stack(
-        "src",
-        stack,
-        names,
-        chi,
-        kw.get("cutoff", 0.0),
-        kw.get("oversample", 1.0),
-        None,
-        kw.get("seed", 4),
-        device,
-        resources,
-        backend=backend,
-    )
+_run = functools.partial(run_src, seed=4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)

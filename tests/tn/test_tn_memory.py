@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import h5py
 import numpy as np
 import pytest
 import zarr
-from tn_helpers import dense_stack, make_stack, rel_error
+from tn_helpers import dense_stack, make_stack, rel_error, run_src
 
 from sexpgpu.runtime.oom import FailureInjector
 from sexpgpu.tn import Resources, src
-from sexpgpu.tn.api import run_stack
 from sexpgpu.tn.plan import minimum_budgets
 from sexpgpu.tn.sketch import work_dtype
 from sexpgpu.tn.trains import normalize_stack
@@ -25,23 +25,7 @@ def _same(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def _run(stack, chi, *, backend=None, inject=None, resources=None, **kw):
-    names = [f"trains[{i}]" for i in range(len(stack))]
-    return run_stack(
-        "src",
-        stack,
-        names,
-        chi,
-        kw.get("cutoff", 0.0),
-        kw.get("oversample", 1.0),
-        None,
-        kw.get("seed", 1),
-        "cpu",
-        resources,
-        kw.get("out"),
-        backend=backend,
-        inject=inject,
-    )
+_run = functools.partial(run_src, seed=1)
 
 
 def _least(stack, size, ranks=1):

@@ -129,3 +129,26 @@ def make_stack(shape, n, rng, dtype=np.float64, chi=6, bond=2, decay=0.0):
         random_mps(n, chi, rng, dtype, decay=decay) if c == "S" else random_mpo(n, bond, rng, dtype)
         for c in shape
     ]
+
+
+def run_src(
+    stack,
+    chi,
+    *,
+    seed,
+    device="cpu",
+    backend=None,
+    inject=None,
+    resources=None,
+    cutoff=0.0,
+    oversample=1.0,
+    out=None,
+):
+    """`src` through its engine, with the test-only `backend` and `inject` arguments."""
+    from sexpgpu.tn.api import run_stack
+
+    names = [f"trains[{i}]" for i in range(len(stack))]
+    return run_stack(
+        "src", stack, names, chi, cutoff, oversample, None, seed, device, resources, out,
+        backend=backend, inject=inject,
+    )

@@ -19,9 +19,9 @@ executor makes them once, at plan time.
 Precision of products: matmuls go through ``torch.matmul`` (cuBLAS on a
 GPU) with f32 accumulation. TF32 would silently round f32 operands to 10
 mantissa bits, so f32 graphs must run with
-``torch.backends.cuda.matmul.allow_tf32 = False`` (and bf16 products without
-reduced-precision split-K reductions); `sexpgpu.devices.cuda.executor`
-sets both when it runs on CUDA (`full_precision`).
+``torch.backends.cuda.matmul.allow_tf32 = False``;
+`sexpgpu.devices.cuda.executor` sets that when it runs on CUDA
+(`full_precision`). bf16 products keep cuBLAS's defaults.
 
 torch is imported here, so this module is imported only lazily, by the
 cuda device.
@@ -86,16 +86,17 @@ def lowering(*ops: Op, kernel: str) -> Callable:
 
 
 def full_precision(device: torch.device) -> None:
-    """Make CUDA products keep full precision: no TF32, f32 reductions for bf16.
+    """Make f32 products on CUDA keep full precision: no TF32.
 
     Process-wide torch flags (torch has no per-call switch); a no-op on the CPU.
+    bf16 products keep PyTorch's default, which lets cuBLAS sum split-K
+    partial products in bf16: forbidding it (measured on an H200) sends every
+    bf16 GEMM of GPT-2 small to Turing-era kernels at about half the speed.
     """
     if torch.device(device).type != "cuda":
         return
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -368,9 +368,10 @@ class _Base:
         if microbatches % ranks:
             raise SexpgpuError(
                 "E-DP-003",
-                f"{microbatches} microbatches do not divide over {ranks} devices",
+                f"{microbatches} microbatches do not divide over {ranks} ranks",
                 "SEXPGPU_DEVICES",
-                hint="choose :microbatches a multiple of the device count, or fewer devices",
+                hint="choose :microbatches a multiple of the rank count (devices per node times "
+                "nodes), or fewer devices",
             )
         self.batch, self.microbatches, self.seed = batch, microbatches, seed
         self.rank, self.ranks = rank, ranks

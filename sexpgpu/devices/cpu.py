@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sexpgpu.devices.cpu_split import evaluate_split, split_axis
+from sexpgpu.devices.schedule import free_lists, last_uses, simulate_peak
 from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
@@ -87,12 +88,7 @@ class CpuProgram:
 
     def _plan(self) -> tuple[list[_Step], int]:
         n = len(self.order)
-        last = [-1] * n
-        for i, node in enumerate(self.order):
-            for x in node.inputs:
-                last[self._pos[id(x)]] = i
-        for i in self._outputs.values():
-            last[i] = n  # outputs outlive the run
+        last = last_uses(self.order, self._outputs.values())
         storage = list(range(n))  # which buffer each value lives in
         owned = [False] * n  # per buffer: written by us, may be reused
         writable = [False] * n  # per value: a buffer of its own shape, no broadcast
@@ -115,16 +111,9 @@ class CpuProgram:
                 nbytes[i] = _buffer_bytes(node)
             buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
             steps.append(_Step(node, args, donor, (), axis))
-        frees: list[list[int]] = [[] for _ in range(n)]
-        for i in range(n):
-            if 0 <= last[i] < n:
-                frees[last[i]].append(i)
-            elif last[i] == -1:
-                frees[i].append(i)  # an unused fed leaf
-        steps = [
-            _Step(s.node, s.args, s.donor, tuple(frees[i]), s.split) for i, s in enumerate(steps)
-        ]
-        return steps, _simulate_peak(self.order, storage, nbytes, buffer_last)
+        frees = free_lists(last)
+        steps = [_Step(s.node, s.args, s.donor, frees[i], s.split) for i, s in enumerate(steps)]
+        return steps, simulate_peak(self.order, storage, nbytes, buffer_last)[0]
 
     @staticmethod
     def _donor(node, args, storage, owned, writable, buffer_last, i) -> int | None:
@@ -236,23 +225,6 @@ def _buffer_bytes(node: Node) -> int:
     if node.op is Op.IOTA:
         return node.shape[node.attrs["axis"]] * numpy_dtype(node.dtype).itemsize
     return node.size * numpy_dtype(node.dtype).itemsize
-
-
-def _simulate_peak(order, storage, nbytes, buffer_last) -> int:
-    """Walk the schedule adding buffers as they appear and dropping them after their last use."""
-    n = len(order)
-    dying: list[list[int]] = [[] for _ in range(n)]
-    for s in set(storage):
-        if buffer_last[s] < n:
-            dying[max(buffer_last[s], s)].append(s)
-    live = peak = 0
-    for i in range(n):
-        if storage[i] == i:
-            live += nbytes[i]
-        peak = max(peak, live)
-        for s in dying[i]:
-            live -= nbytes[s]
-    return peak
 
 
 def _root(array: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ from sexpgpu.devices.cuda.attention import (
     select_sdpa_backend,
 )
 from sexpgpu.devices.cuda.lowering import KERNELS, LOWERINGS, full_precision, torch_dtype
+from sexpgpu.devices.schedule import free_lists, last_uses, simulate_peak
 from sexpgpu.ir.decompose import decompose
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import ConstArray, Graph, Node
@@ -118,29 +119,13 @@ class TorchGraph:
         return pairs
 
     def _plan(self) -> tuple[list[_Step], Counter, list[int]]:
-        n = len(self.order)
         pairs = self._pairs()
-        last = [-1] * n
-        for i, node in enumerate(self.order):
-            for x in node.inputs:
-                last[self._pos[id(x)]] = i
+        last = last_uses(self.order, self._outputs.values())
         for j, i in pairs.items():
             last[i] = max(last[i], j)  # the stash holds the forward's output until then
-        for i in self._outputs.values():
-            last[i] = n
-        frees: list[list[int]] = [[] for _ in range(n)]
-        for i in range(n):
-            if 0 <= last[i] < n:
-                frees[last[i]].append(i)
-            elif last[i] == -1:
-                frees[i].append(i)  # an unused fed leaf
+        frees = free_lists(last)
         steps = [
-            _Step(
-                node,
-                tuple(self._pos[id(x)] for x in node.inputs),
-                tuple(frees[i]),
-                pairs.get(i),
-            )
+            _Step(node, tuple(self._pos[id(x)] for x in node.inputs), frees[i], pairs.get(i))
             for i, node in enumerate(self.order)
         ]
         return steps, Counter(pairs.values()), last
@@ -160,26 +145,17 @@ class TorchGraph:
                 always += _made_once_bytes(node)
             else:
                 nbytes[i] = node.size * _itemsize(node.dtype)
-        extra = [0] * (n + 1)  # stashed log-sum-exp: from the forward to its last grad
+        change: Counter = Counter()  # stashed log-sum-exp: from the forward to its last grad
         for i in self._stash_users:
             q = self.order[i].inputs[0]
             lse = 4 * (q.size // max(q.shape[-1], 1))  # f32, one per query row
-            extra[i] += lse
-            extra[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
-        dying: list[list[int]] = [[] for _ in range(n)]
-        for s in set(storage):
-            if buffer_last[s] < n:
-                dying[max(buffer_last[s], s)].append(s)
-        live, peak, at = always, always, None
-        for i in range(n):
-            live += extra[i]
-            if storage[i] == i:
-                live += nbytes[i]
-            if live + _temporary_bytes(self.order[i]) > peak:
-                peak, at = live + _temporary_bytes(self.order[i]), self.order[i]
-            for s in dying[i]:
-                live -= nbytes[s]
-        return peak, at
+            change[i] += lse
+            change[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
+        transient = [_temporary_bytes(node) for node in self.order]
+        return simulate_peak(
+            self.order, storage, nbytes, buffer_last, base=always, change=change,
+            transient=transient,
+        )
 
     # ------------------------------------------------------------ run
 

@@ -12,13 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sexpgpu.train.metrics import read_metrics
-
-
-def series(run_dir: Path, name: str) -> dict[int, float]:
-    return {
-        r["step"]: r["value"] for r in read_metrics(run_dir / "metrics.jsonl") if r["name"] == name
-    }
+from sexpgpu.train.metrics import read_series
 
 
 def main() -> int:
@@ -29,7 +23,7 @@ def main() -> int:
     args = parser.parse_args()
     worst = 0.0
     for name in ("train/loss", "eval/loss"):
-        a, b = series(args.a, name), series(args.b, name)
+        a, b = read_series(args.a, name), read_series(args.b, name)
         steps = sorted(set(a) & set(b))
         diffs = [abs(a[s] - b[s]) / abs(a[s]) for s in steps]
         top = max(diffs, default=float("nan"))

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REDUCERS", "MetricsLog", "read_metrics", "write_status"]
+__all__ = ["REDUCERS", "MetricsLog", "read_metrics", "read_series", "write_status"]
 
 # name as users type it in `:reduce` -> fold of the ranks' values
 REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
@@ -82,6 +82,12 @@ def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(record, dict) and {"step", "name", "value"} <= record.keys():
                 yield record
+
+
+def read_series(run_dir: Path, name: str) -> dict[int, float]:
+    """``step -> value`` of the records called `name` in a run directory's ``metrics.jsonl``."""
+    records = read_metrics(Path(run_dir) / "metrics.jsonl")
+    return {r["step"]: r["value"] for r in records if r["name"] == name}
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from sexpgpu.devices.cuda.device import CudaDevice
 from sexpgpu.runtime.oom import FailureInjector
 from sexpgpu.train import load_checkpoint, prepare_run
-from sexpgpu.train.metrics import read_metrics
+from sexpgpu.train.metrics import read_metrics, read_series
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU = pytest.mark.gpu
@@ -34,8 +34,8 @@ MLP = """
 
 
 def _losses(run_dir: Path, name: str = "train/loss") -> list[float]:
-    records = read_metrics(run_dir / "metrics.jsonl")
-    return [r["value"] for r in sorted(records, key=lambda r: r["step"]) if r["name"] == name]
+    values = read_series(run_dir, name)
+    return [values[step] for step in sorted(values)]
 
 
 def _notes(run_dir: Path) -> list[str]:

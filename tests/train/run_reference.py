@@ -8,13 +8,9 @@ import numpy as np
 
 def series(run_dir: Path, name: str) -> dict[int, float]:
     """``step -> value`` of one name in a run's ``metrics.jsonl``."""
-    from sexpgpu.train.metrics import read_metrics
+    from sexpgpu.train.metrics import read_series
 
-    return {
-        r["step"]: r["value"]
-        for r in read_metrics(Path(run_dir) / "metrics.jsonl")
-        if r["name"] == name
-    }
+    return read_series(run_dir, name)
 
 
 def torch_mlp_losses(

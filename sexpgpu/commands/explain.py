@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
-from sexpgpu.devices.optim import OPTIMIZERS
+from sexpgpu.devices.optim import moment_count
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun, compile_run
 from sexpgpu.ir.printer import format_graph
@@ -126,7 +126,7 @@ def lowering_report(
         visible = 1  # plan for the named card
     config = RuntimeConfig.from_env(environ, device=device, visible_gpus=visible)
     backend = get_device(device)
-    moments = len(getattr(OPTIMIZERS.get(run.optimizer.name), "moments", ()))
+    moments = moment_count(run.optimizer)
     plan = backend.plan(compiled, moments=moments, ranks=config.local_size, memory=config.memory)
     lines = backend.report(compiled, plan)
     if not plan.fits:

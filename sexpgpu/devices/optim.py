@@ -36,6 +36,7 @@ __all__ = [
     "clip_by_global_norm",
     "global_norm",
     "make_optimizer",
+    "moment_count",
     "optimizer",
     "peak_lr",
 ]
@@ -231,3 +232,9 @@ def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = N
 def peak_lr(spec: Any) -> float:
     """The learning rate an `OptimizerSpec` names (before the schedule scales it)."""
     return make_optimizer(spec, {}, {}).lr
+
+
+def moment_count(spec: Any) -> int:
+    """Arrays per parameter the optimizer `spec` names keeps (2 for adamw; 0 if unknown)."""
+    cls = OPTIMIZERS.get(spec.name)
+    return len(cls.moments) if cls is not None else 0

@@ -88,7 +88,7 @@ def prepare_run(
         CPU device, for tests.
     """
     from sexpgpu.devices.base import get_device
-    from sexpgpu.devices.optim import OPTIMIZERS
+    from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
 
@@ -107,7 +107,7 @@ def prepare_run(
     settings = RunSettings.from_run(rundef, steps)
     compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
     _check_trainable(compiled, rundef)
-    moments = len(getattr(OPTIMIZERS.get(settings.optimizer.name), "moments", ()))
+    moments = moment_count(settings.optimizer)
     plan = backend.plan(
         compiled,
         moments=moments,

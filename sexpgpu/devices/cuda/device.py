@@ -109,6 +109,10 @@ class CudaDevice:
     def __init__(self, torch_device: str = "cuda") -> None:
         self.torch = _torch()
         self.kind = torch_device
+        gpu = torch_device == "cuda" and self.torch.cuda.is_available()
+        # Where the plan and the report look: the first GPU, or the CPU without one.
+        self.first = "cuda:0" if gpu and self.torch.cuda.device_count() else "cpu"
+        self._live: tuple[CompiledRun, tuple[int, Any]] | None = None
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -130,7 +134,7 @@ class CudaDevice:
         and the optimizer's temporaries, a few of the largest parameter. With
         several ranks, NCCL sums packed copies of the gradients.
         """
-        budget = detect_budget(self._budget_device(), memory)
+        budget = detect_budget(self.first, memory)
         live, _ = self._live_set(compiled)
         params = 4 * compiled.param_count
         constants = _constant_bytes(compiled.train_graph)
@@ -148,20 +152,19 @@ class CudaDevice:
         }
         return MemoryPlan(budget, parts)
 
-    def _budget_device(self) -> str:
-        torch = self.torch
-        if self.kind == "cuda" and torch.cuda.is_available() and torch.cuda.device_count():
-            return "cuda:0"
-        return "cpu"
-
     def _live_set(self, compiled: CompiledRun) -> tuple[int, Any]:
-        """(bytes, node at the peak) of the larger of the training and evaluation graphs."""
+        """(bytes, node at the peak) of the larger of the training and evaluation graphs.
+
+        Kept for the run last asked about: the plan and the report both need it.
+        """
         from sexpgpu.devices.cuda.executor import TorchGraph
 
-        where = self.torch.device("cpu")  # planning allocates only the graphs' small constants
-        plans = [TorchGraph(g, where) for g in (compiled.train_graph, compiled.eval_graph)]
-        biggest = max(plans, key=lambda p: p.planned_peak_bytes)
-        return biggest.planned_peak_bytes, biggest.peak_node
+        if self._live is None or self._live[0] is not compiled:
+            where = self.torch.device("cpu")  # planning allocates only small constants
+            plans = [TorchGraph(g, where) for g in (compiled.train_graph, compiled.eval_graph)]
+            biggest = max(plans, key=lambda p: p.planned_peak_bytes)
+            self._live = (compiled, (biggest.planned_peak_bytes, biggest.peak_node))
+        return self._live[1]
 
     def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
         """Device and capability, patterns matched and where, kernels, attention, the plan."""
@@ -169,7 +172,7 @@ class CudaDevice:
 
         lines = [self._device_line()]
         lines += _pattern_lines(compiled.train_graph)
-        graph = TorchGraph(compiled.train_graph, self.torch.device(self._report_device()))
+        graph = TorchGraph(compiled.train_graph, self.torch.device(self.first))
         lines += graph.report_lines()
         lines.append(plan.line())
         _, node = self._live_set(compiled)
@@ -178,12 +181,9 @@ class CudaDevice:
             lines.append(f"memory: the live set peaks at {node.op.label}{where}")
         return lines
 
-    def _report_device(self) -> str:
-        return "cuda:0" if self._budget_device() != "cpu" else "cpu"
-
     def _device_line(self) -> str:
         torch = self.torch
-        if self._budget_device() == "cpu":
+        if self.first == "cpu":
             where = "PyTorch's CPU device" if self.kind == "cpu" else "no GPU visible"
             return f"device: cuda lowering on {where} (torch {torch.__version__})"
         major, minor = torch.cuda.get_device_capability(0)

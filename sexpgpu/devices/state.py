@@ -23,7 +23,7 @@ from sexpgpu.devices.base import EvalResult, HostState
 from sexpgpu.devices.collectives import sum_over_ranks
 from sexpgpu.devices.optim import Optimizer, clip_by_global_norm, global_norm, make_optimizer
 from sexpgpu.ir.compile import ParamInfo
-from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry, release_caches
+from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry
 
 __all__ = ["Kernels", "TrainState"]
 
@@ -67,8 +67,6 @@ class TrainState:
         The run's graphs on the device.
     xp
         The device's arrays.
-    release
-        Frees the device's caches before a retry.
     inject
         Simulated allocation failures, for tests: checked before each training step.
     """
@@ -78,7 +76,6 @@ class TrainState:
         kernels: Kernels,
         xp: ArrayOps = NUMPY,
         *,
-        release=release_caches,
         inject: FailureInjector | None = None,
     ) -> None:
         self.kernels, self.xp = kernels, xp
@@ -87,7 +84,7 @@ class TrainState:
         self.optimizer: Optimizer | None = None
         self.events: list[str] = []
         self._split = SplitState()
-        self._release, self.inject = release, inject
+        self.inject = inject
         self._grads: dict[str, Any] | None = None
         self._loss: Any = 0.0
         self._count = 0
@@ -121,7 +118,7 @@ class TrainState:
 
     def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
         loss, grads = call_with_retry(
-            lambda: self._train(batch), self._split, what="training step", release=self._release
+            lambda: self._train(batch), self._split, what="training step"
         )
         self._peak = max(self._peak, int(self.kernels.last_peak_bytes))
         self._loss = self._loss + loss

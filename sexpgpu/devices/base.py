@@ -116,6 +116,10 @@ class Program(Protocol):
         """Parameters and optimizer state copied to the host."""
         ...
 
+    def host_params(self) -> dict[str, np.ndarray]:
+        """The parameters alone copied to the host (the run's summary)."""
+        ...
+
     def take_peak(self) -> int:
         """The most bytes held at once since the last call (the allocator's high-water mark)."""
         ...

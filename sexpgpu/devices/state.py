@@ -105,11 +105,15 @@ class TrainState:
         if state is not None:
             self.optimizer.load(state.moments, state.optimizer)
 
+    def host_params(self) -> dict[str, np.ndarray]:
+        """The parameters copied to the host (without the optimizer's moments)."""
+        return {k: self.xp.download(v) for k, v in self.values.items()}
+
     def host_state(self) -> HostState:
         assert self.optimizer is not None, "start() first"
         download = self.xp.download
         return HostState(
-            {k: download(v) for k, v in self.values.items()},
+            self.host_params(),
             {k: download(v) for k, v in self.optimizer.tensors().items()},
             self.optimizer.scalars(),
         )

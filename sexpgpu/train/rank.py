@@ -199,7 +199,7 @@ class RankLoop:
             eval_loss=self.last["eval_loss"],
             eval_accuracy=self.last["eval_accuracy"],
             seconds=0.0,
-            params=self.program.host_state().params,
+            params=self.program.host_params() if self.ctx.rank == 0 else {},  # results[0] is kept
             memory=self._peak_line(),
         )
 

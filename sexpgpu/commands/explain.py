@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
@@ -104,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def lowering_report(
-    compiled: CompiledRun, run: RunDef, device: str, environ: os._Environ | dict
+    compiled: CompiledRun, run: RunDef, device: str, environ: Mapping[str, str]
 ) -> list[str]:
     """The `device`'s report on `compiled`: its patterns, kernels and memory plan (one rank).
 

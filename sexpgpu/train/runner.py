@@ -14,13 +14,6 @@ from sexpgpu.train.settings import RunSettings, experiment_hash
 __all__ = ["prepare_run", "run_experiment"]
 
 
-def _config(device: str | None, environ: Mapping[str, str]) -> Any:
-    """The run's `RuntimeConfig`: device kind, local devices, ``SEXPGPU_MEMORY``, nodes."""
-    from sexpgpu.runtime.config import RuntimeConfig
-
-    return RuntimeConfig.from_env(environ, device=device)
-
-
 def _check_trainable(compiled: Any, rundef: Any) -> None:
     """E-TRACE-006 when no parameter reaches the loss, as PyTorch's backward refuses it.
 
@@ -91,8 +84,9 @@ def prepare_run(
     from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
+    from sexpgpu.runtime.config import RuntimeConfig
 
-    config = _config(device, os.environ if environ is None else environ)
+    config = RuntimeConfig.from_env(os.environ if environ is None else environ, device=device)
     backend = backend or get_device(config.device)
     devices = [str(d) for d in config.local_devices]
     experiment = load_experiment(path, variant)

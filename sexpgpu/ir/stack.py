@@ -77,12 +77,21 @@ def stack_microbatches(graph: Graph, k: int) -> Graph:
     for name, node in graph.outputs.items():
         if node.dtype is DType.BOOL:
             raise ValueError(f"stack_microbatches: output {name!r} is bool and has no sum")
-    stacker = _Stacker(k)
+    stacker = _Stacker(k, _uses(graph))
     for node in graph.nodes():
         stacker.visit(node)
     outputs = {name: stacker.total(node) for name, node in graph.outputs.items()}
     leaves = [stacker.value(n) for n in (*graph.inputs.values(), *graph.params.values())]
     return optimize(Graph.of(outputs, leaves), check=verify)
+
+
+def _uses(graph: Graph) -> dict[int, int]:
+    """How often each node is an operand or an output."""
+    uses: dict[int, int] = {}
+    operands = [x for node in graph.nodes() for x in node.inputs]
+    for x in [*operands, *graph.outputs.values()]:
+        uses[id(x)] = uses.get(id(x), 0) + 1
+    return uses
 
 
 class _Stacker:
@@ -92,8 +101,9 @@ class _Stacker:
     node (batch axis leading); every other node stands for itself.
     """
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, uses: dict[int, int]) -> None:
         self.k = k
+        self.uses = uses
         self.stacked: dict[int, Node] = {}
 
     def value(self, node: Node) -> Node:
@@ -116,11 +126,27 @@ class _Stacker:
         self.stacked[id(node)] = result
 
     def total(self, node: Node) -> Node:
-        """Original output `node` summed over the microbatches."""
-        if id(node) in self.stacked:
-            return b.sum(self.stacked[id(node)], axes=0, span=node.span)
-        # The same value for every microbatch: k times it.
-        return b.mul(node, b.constant(self.k, node.dtype, span=node.span), span=node.span)
+        """Original `node` summed over the microbatches.
+
+        Where the sum is `node`'s only use and `node` is linear in its
+        batched operands, the sum moves into them (`_TOTALS`), so a weight's
+        gradient is one product over all microbatches' rows and an embedding's
+        one scatter-add of all their ids, not `k` of each summed after.
+        """
+        if id(node) not in self.stacked:
+            # The same value for every microbatch: k times it.
+            return b.mul(node, b.constant(self.k, node.dtype, span=node.span), span=node.span)
+        rule = _TOTALS.get(node.op)
+        if rule is not None and self.uses.get(id(node), 0) == 1:
+            result = rule(self, node)
+            if result is not None:
+                assert result.shape == node.shape and result.dtype == node.dtype, (node, result)
+                return result
+        return b.sum(self.stacked[id(node)], axes=0, span=node.span)
+
+    def batched(self, node: Node) -> bool:
+        """Whether an input reaches original `node`."""
+        return id(node) in self.stacked
 
     # ------------------------------------------------------------ helpers
 
@@ -288,6 +314,77 @@ def _each_microbatch(s: _Stacker, node: Node, xs, batched) -> Node:
         one = s.emit(node, *args)
         parts.append(b.reshape(one, (1, *one.shape), span=node.span))
     return b.concat(parts, axis=0, span=node.span)
+
+
+# ---------------------------------------------------------------- sums moved inward
+# `_TOTALS[op](stacker, node)`: the sum over the microbatches of original
+# `node`, built from its operands' sums (`_Stacker.total`) where `node` is
+# linear in them; None where the rule does not apply. The result is the same
+# sum in another order of additions.
+
+Total = Callable[[_Stacker, Node], Node | None]
+_TOTALS: dict[Op, Total] = {}
+
+
+def _total(*ops: Op) -> Callable[[Total], Total]:
+    """Register the decorated function as the sum-moving rule of `ops`."""
+
+    def register(fn: Total) -> Total:
+        for op in ops:
+            _TOTALS[op] = fn
+        return fn
+
+    return register
+
+
+@_total(Op.ADD, Op.SUB, Op.NEG, Op.TRANSPOSE, Op.RESHAPE)
+def _linear_total(s: _Stacker, node: Node) -> Node:
+    # sum(a_i + b_i) = sum(a_i) + sum(b_i), a shared a counting k times.
+    return s.emit(node, *(s.total(x) for x in node.inputs))
+
+
+@_total(Op.SUM)
+def _sum_total(s: _Stacker, node: Node) -> Node:
+    # One reduction over the batch axis and the node's axes (bias gradients).
+    x = s.stacked[id(node.inputs[0])]
+    axes, keep = (0, *_shifted(node.attrs["axes"])), node.attrs["keepdims"]
+    summed = b.sum(x, axes=axes, keepdims=keep, span=node.span)
+    return b.reshape(summed, node.shape, span=node.span) if keep else summed
+
+
+@_total(Op.MATMUL)
+def _matmul_total(s: _Stacker, node: Node) -> Node | None:
+    a, w = node.inputs
+    if not s.batched(a):  # sum(a w_i) = a sum(w_i)
+        return s.emit(node, a, s.total(w))
+    if not s.batched(w):  # sum(a_i w) = sum(a_i) w
+        return s.emit(node, s.total(a), w)
+    if a.ndim != 2 or w.ndim != 2:
+        return None
+    # sum_i a_i w_i over [m n] by [n p] is one product [m k*n] by [k*n p].
+    k, span = s.k, node.span
+    (m, n), p = a.shape, w.shape[1]
+    if (
+        a.op is Op.TRANSPOSE and a.attrs["axes"] == (1, 0) and s.batched(a.inputs[0])
+    ):  # a weight's gradient: x^T g
+        rows = b.reshape(s.stacked[id(a.inputs[0])], (k * n, m), span=span)
+        left = b.transpose(rows, span=span)  # a view: the product reads it transposed
+    else:
+        moved = b.transpose(s.stacked[id(a)], (1, 0, 2), span=span)
+        left = b.reshape(moved, (m, k * n), span=span)
+    right = b.reshape(s.stacked[id(w)], (k * n, p), span=span)
+    return s.emit(node, left, right)
+
+
+@_total(Op.SCATTER_ADD)
+def _scatter_add_total(s: _Stacker, node: Node) -> Node:
+    ids, updates = node.inputs
+    if not s.batched(ids):
+        return s.emit(node, ids, s.total(updates))  # one table, the updates summed
+    # All microbatches' ids into one table of `rows` rows: no offsets, no k tables.
+    new_ids = s.stacked[id(ids)]
+    new_updates = s.full(node, s.value(updates), s.batched(updates))
+    return s.emit(node, new_ids, new_updates)
 
 
 assert frozenset(_RULES) == frozenset(Op) - LEAF

@@ -26,6 +26,15 @@ Each op has a rule (`_RULES`), chosen by which operands are batched:
 * ``take`` from a batched table (a table computed from the data, which no
   model here makes) runs once per microbatch on slices and concatenates:
   exact, and each take keeps its id check (E-DATA-006).
+
+Summing the outputs: where an output is the only use of a node linear in
+its batched operands (add, sub, neg, transpose, reshape, sum, matmul,
+scatter-add), the sum over the microbatches moves into the operands
+(`_TOTALS`): a weight's gradient ``x^T g`` becomes one product over all
+microbatches' rows, ``[m k*n]`` by ``[k*n p]``, and an embedding's gradient
+one scatter-add of every microbatch's ids into one table, so neither `k`
+per-microbatch gradients nor ``[k*rows ..]`` tables are made. The sums are
+the same, added in another order.
 """
 
 from __future__ import annotations

@@ -161,6 +161,22 @@ def _left_to_right(
         logger.debug("rank %d: left-to-right: site %d of %d", ctx.rank, j + 1, stack.n_sites - 1)
 
 
+def _sketch_width(job: SweepJob, rank: int, cap: int) -> int:
+    """How many of this rank's sketch columns the right-to-left site uses.
+
+    The sketch has rank at most ``cap`` (the cut's rank bound), and the first
+    ``cap`` Gaussian columns already span its range, so where ``cap`` is below
+    the sketch size only those are used: their QR is the basis, with no SVD
+    (on a GPU, cuSOLVER's Jacobi SVD of ``R`` cost more than the rest of the
+    sweep). A ``cutoff`` reads the singular values of the whole sketch, so
+    then every column is used.
+    """
+    lo, hi = job.plan.blocks[rank]
+    if job.cutoff <= 0:
+        hi = max(lo, min(hi, cap))
+    return hi - lo
+
+
 def basis(xp: Backend, sketch: Array, cutoff: float, cap: int) -> Array:
     """An orthonormal basis of the sketch's range, cut at ``cutoff * sigma_max``.
 
@@ -208,6 +224,7 @@ def _rtl_step(
     """One site of the right-to-left pass; returns the next projected environment."""
     plan = job.plan
     env = store.take(j)
+    env = env[: _sketch_width(job, ctx.rank, cap)]
     env_t = xp.permute(env.reshape(env.shape[0], prod(env.shape[1:])), (1, 0))  # (l.., s_r)
     e, lefts = proj.shape[0], [c.shape[0] for c in cores]
     up, down = cores[0].shape[2], cores[-1].shape[3]

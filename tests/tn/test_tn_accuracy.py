@@ -169,3 +169,23 @@ def test_rectangular_legs_and_oversized_edge_bonds_are_exact():
         assert rel_error(out, dense_stack(stack)) < 1e-12
         # bonds never exceed the exact rank bound at the edges
         assert out[0].shape[0] <= np.prod(out[0].shape[1:])
+
+
+@pytest.mark.parametrize("shape", ["OS", "OO", "SOO"])
+def test_capped_cuts_take_their_basis_from_qr_alone(shape, monkeypatch):
+    # chi_out above every cut's rank bound: each site sketches with only its
+    # first `cap` columns, whose QR is already the basis, so no SVD runs.
+    from sexpgpu.tn.backend import NumpyBackend
+
+    stack = make_stack(shape, 6, np.random.default_rng(4), np.complex128)
+
+    def no_svd(self, x):
+        raise AssertionError("an SVD ran where the rank cap alone binds")
+
+    monkeypatch.setattr(NumpyBackend, "svd", no_svd)
+    out = src(*stack, chi_out=200, seed=1)
+    assert rel_error(out, dense_stack(stack)) < EXACT_TOL[np.complex128]
+    monkeypatch.undo()
+    # a cutoff reads the whole sketch's singular values, and keeps the exact product
+    cut = src(*stack, chi_out=200, seed=1, cutoff=1e-14)
+    assert rel_error(cut, dense_stack(stack)) < EXACT_TOL[np.complex128]

@@ -4,16 +4,41 @@ Optimizers, clipping and gradient accumulation (`sexpgpu.devices.optim`,
 `sexpgpu.devices.state`) are written once against `ArrayOps`; NumPy arrays
 (the cpu device) and PyTorch tensors (`sexpgpu.devices.cuda.arrays`) both
 support the in-place Python operators they use (``+=``, ``*=``, ``-=``).
+What touches every parameter at once (scaling all gradients, the AdamW
+update) is one `ArrayOps` call, so that a GPU backend can run it as a few
+multi-tensor kernels instead of a launch per parameter.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["NUMPY", "ArrayOps", "NumpyOps"]
+__all__ = ["NUMPY", "AdamWStep", "ArrayOps", "NumpyOps"]
+
+
+@dataclass(frozen=True)
+class AdamWStep:
+    """One AdamW update's numbers (step is 1-based), as ``torch.optim.AdamW``."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+    weight_decay: float
+    step: int
+
+    @property
+    def step_size(self) -> float:
+        return self.lr / (1 - self.beta1**self.step)
+
+    @property
+    def root_bc2(self) -> float:
+        return math.sqrt(1 - self.beta2**self.step)
 
 
 class ArrayOps(Protocol):
@@ -43,6 +68,30 @@ class ArrayOps(Protocol):
         """How many rows' argmax over the last axis of `output` equals `target` (host ints)."""
         ...
 
+    def divide(self, xs: Sequence[Any], divisor: float) -> None:
+        """``x /= divisor`` for every array of `xs`, in place."""
+        ...
+
+    def multiply(self, xs: Sequence[Any], factor: float) -> None:
+        """``x *= factor`` for every array of `xs`, in place."""
+        ...
+
+    def adamw(
+        self, params: Sequence[Any], grads: Sequence[Any], m: Sequence[Any], v: Sequence[Any],
+        step: AdamWStep,
+    ) -> None:
+        """One AdamW update of `params` and its moments `m`, `v`, in place.
+
+        Per parameter p with gradient g (decay applies when ``weight_decay``
+        is not 0; the caller passes the decayed and the other parameters in
+        separate calls)::
+
+            p <- p * (1 - lr * wd)
+            m <- m + (g - m) (1 - b1)  ;  v <- b2 v + (1 - b2) g^2
+            p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+        """
+        ...
+
 
 class NumpyOps:
     """`ArrayOps` on host NumPy arrays."""
@@ -64,6 +113,32 @@ class NumpyOps:
 
     def argmax_hits(self, output: np.ndarray, target: np.ndarray) -> int:
         return int(np.sum(np.argmax(output, axis=-1) == target))
+
+    def divide(self, xs: Sequence[np.ndarray], divisor: float) -> None:
+        for x in xs:
+            x /= divisor
+
+    def multiply(self, xs: Sequence[np.ndarray], factor: float) -> None:
+        for x in xs:
+            x *= factor
+
+    def adamw(
+        self,
+        params: Sequence[np.ndarray],
+        grads: Sequence[np.ndarray],
+        m: Sequence[np.ndarray],
+        v: Sequence[np.ndarray],
+        step: AdamWStep,
+    ) -> None:
+        b1, b2, wd = step.beta1, step.beta2, step.weight_decay
+        step_size, root_bc2 = step.step_size, step.root_bc2
+        for p, g, mk, vk in zip(params, grads, m, v, strict=True):
+            if wd:
+                p *= 1 - step.lr * wd
+            mk += (g - mk) * (1 - b1)  # torch's lerp
+            vk *= b2
+            vk += (1 - b2) * g * g
+            p -= step_size * (mk / (np.sqrt(vk) / root_bc2 + step.eps))
 
 
 NUMPY = NumpyOps()

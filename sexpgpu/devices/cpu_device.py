@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from sexpgpu.devices.cpu import CpuProgram
-from sexpgpu.devices.state import TrainState
+from sexpgpu.devices.state import SummingKernels, TrainState
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
@@ -21,7 +21,7 @@ from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
 __all__ = ["CpuDevice", "CpuKernels"]
 
 
-class CpuKernels:
+class CpuKernels(SummingKernels):
     """A run's graphs planned on the interpreter (the `Kernels` of the cpu device)."""
 
     has_activations = True

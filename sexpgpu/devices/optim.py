@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sexpgpu.devices.arrays import NUMPY, ArrayOps
+from sexpgpu.devices.arrays import NUMPY, AdamWStep, ArrayOps
 from sexpgpu.errors import SexpgpuError
 
 __all__ = [
@@ -179,17 +179,15 @@ class AdamW(Optimizer):
         b1, b2 = (float(b) for b in self.options["betas"])
         eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
         self.steps += 1
-        step_size = lr / (1 - b1**self.steps)
-        root_bc2 = math.sqrt(1 - b2**self.steps)
-        for k, p in params.items():
-            g = grads[k]
-            m, v = self.state["exp_avg"][k], self.state["exp_avg_sq"][k]
-            if wd and self.decay.get(k, True):
-                p *= 1 - lr * wd
-            m += (g - m) * (1 - b1)  # torch's lerp
-            v *= b2
-            v += (1 - b2) * g * g
-            p -= step_size * (m / (self.xp.sqrt(v) / root_bc2 + eps))
+        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
+        # Decayed and plain parameters in one call each, in the parameters' order.
+        for decays in (True, False):
+            keys = [k for k in params if bool(wd and self.decay.get(k, True)) is decays]
+            numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, self.steps)
+            self.xp.adamw(
+                [params[k] for k in keys], [grads[k] for k in keys],
+                [m[k] for k in keys], [v[k] for k in keys], numbers,
+            )
 
 
 def make_optimizer(
@@ -224,8 +222,7 @@ def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = N
     norm = global_norm(grads, xp)
     scale = max_norm / (norm + 1e-6)
     if scale < 1.0:
-        for g in grads.values():
-            g *= scale
+        xp.multiply(list(grads.values()), scale)
     return norm
 
 

@@ -14,6 +14,7 @@ annotations.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,7 +26,27 @@ from sexpgpu.devices.optim import Optimizer, clip_by_global_norm, global_norm, m
 from sexpgpu.ir.compile import ParamInfo
 from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry
 
-__all__ = ["Kernels", "TrainState"]
+__all__ = ["Kernels", "SummingKernels", "Sums", "TrainState", "summed"]
+
+
+@dataclass
+class Sums:
+    """One optimizer step's running sums on the device: loss, gradients, microbatches."""
+
+    loss: Any
+    grads: dict[str, Any]
+    count: int
+
+
+def summed(sums: Sums | None, loss: Any, grads: Mapping[str, Any]) -> Sums:
+    """`sums` grown by one microbatch's outputs (the first one's become the buffers)."""
+    if sums is None:
+        return Sums(loss, dict(grads), 1)
+    for k, g in grads.items():
+        sums.grads[k] += g
+    sums.loss = sums.loss + loss
+    sums.count += 1
+    return sums
 
 
 class Kernels(Protocol):
@@ -47,6 +68,16 @@ class Kernels(Protocol):
         """``(loss, grads)`` of one microbatch; the loss may stay on the device."""
         ...
 
+    def accumulate(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
+    ) -> Sums:
+        """`sums` (None at a step's first microbatch) grown by one microbatch.
+
+        Either `summed` over `train_step`, or a kernel that sums in place; a
+        call that fails to allocate leaves `sums` as it was.
+        """
+        ...
+
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
         """``(loss, output)`` of one microbatch."""
         ...
@@ -56,6 +87,15 @@ class Kernels(Protocol):
     ) -> dict[str, float]:
         """Each call's root mean square on `batch`."""
         ...
+
+
+class SummingKernels:
+    """`Kernels.accumulate` as `summed` over ``train_step``: for kernels that return gradients."""
+
+    def accumulate(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
+    ) -> Sums:
+        return summed(sums, *self.train_step(params, batch))  # type: ignore[attr-defined]
 
 
 class TrainState:
@@ -85,9 +125,7 @@ class TrainState:
         self.events: list[str] = []
         self._split = SplitState()
         self.inject = inject
-        self._grads: dict[str, Any] | None = None
-        self._loss: Any = 0.0
-        self._count = 0
+        self._sums: Sums | None = None
         self._peak = 0
 
     # -- state -----------------------------------------------------------------------------
@@ -121,27 +159,18 @@ class TrainState:
     # -- the step --------------------------------------------------------------------------
 
     def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
-        loss, grads = call_with_retry(
-            lambda: self._train(batch), self._split, what="training step"
-        )
+        self._sums = call_with_retry(lambda: self._train(batch), self._split, what="training step")
         self._peak = max(self._peak, int(self.kernels.last_peak_bytes))
-        self._loss = self._loss + loss
-        self._count += 1
-        if self._grads is None:
-            self._grads = dict(grads)  # the first microbatch's outputs become the buffers
-        else:
-            for k, g in grads.items():
-                self._grads[k] += g
         self._take_events()
 
-    def _train(self, batch: Mapping[str, np.ndarray]) -> Any:
+    def _train(self, batch: Mapping[str, np.ndarray]) -> Sums:
         if self.inject is not None:
             self.inject.check()
-        return self.kernels.train_step(self.values, batch)
+        return self.kernels.accumulate(self.values, batch, self._sums)
 
     def local_grad_norm(self) -> float:
-        assert self._grads is not None, "accumulate() first"
-        return global_norm(self._grads, self.xp) / self._count
+        assert self._sums is not None, "accumulate() first"
+        return global_norm(self._sums.grads, self.xp) / self._sums.count
 
     def reduce(self, ctx: Any, microbatches: int) -> float:
         """Sum the buffers over every rank (`sexpgpu.devices.collectives`), then the mean.
@@ -149,20 +178,21 @@ class TrainState:
         `ctx` is a `Comms` (this node's group and the other nodes) or a bare
         `RankContext` of one node.
         """
-        assert self._grads is not None, "accumulate() first"
-        loss, self._grads = sum_over_ranks(ctx, self._loss, self._grads)
-        for g in self._grads.values():
-            g /= microbatches
+        assert self._sums is not None, "accumulate() first"
+        loss, grads = sum_over_ranks(ctx, self._sums.loss, self._sums.grads)
+        self._sums.grads = grads
+        self.xp.divide(list(grads.values()), microbatches)
         return loss / microbatches
 
     def update(self, lr: float, clip: float | None) -> float:
-        assert self._grads is not None and self.optimizer is not None
+        assert self._sums is not None and self.optimizer is not None
+        grads = self._sums.grads
         if clip is not None:
-            norm = clip_by_global_norm(self._grads, float(clip), self.xp)
+            norm = clip_by_global_norm(grads, float(clip), self.xp)
         else:
-            norm = global_norm(self._grads, self.xp)
-        self.optimizer.step(self.values, self._grads, lr)
-        self._grads, self._loss, self._count = None, 0.0, 0
+            norm = global_norm(grads, self.xp)
+        self.optimizer.step(self.values, grads, lr)
+        self._sums = None
         return norm
 
     # -- evaluation and diagnostics ----------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from sexpgpu.devices.state import TrainState
+from sexpgpu.devices.state import SummingKernels, TrainState
 
 
 def on_cpu(kernels) -> TrainState:
@@ -68,7 +68,7 @@ def _softmax_xent(logits: np.ndarray, target: np.ndarray) -> tuple[float, np.nda
     return float(loss), (grad / rows).reshape(p.shape).astype(np.float32)
 
 
-class Mlp:
+class Mlp(SummingKernels):
     """logits = tanh(x @ w1 + b1) @ w2 + b2; cross-entropy with y."""
 
     has_activations = False
@@ -120,7 +120,7 @@ class Mlp:
         return loss, logits
 
 
-class Bigram:
+class Bigram(SummingKernels):
     """logits = table[tokens]; cross-entropy with next."""
 
     has_activations = False

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from sexpgpu.devices.arrays import AdamWStep
+
 __all__ = ["TorchOps"]
 
 
@@ -36,6 +38,32 @@ class TorchOps:
         # f64, one transfer (a launch per tensor made the step wait on the host).
         norms = torch.stack(torch._foreach_norm(list(xs))).double()
         return float(torch.sum(norms * norms))
+
+    def divide(self, xs: Sequence[torch.Tensor], divisor: float) -> None:
+        if xs:
+            torch._foreach_div_(list(xs), divisor)
+
+    def multiply(self, xs: Sequence[torch.Tensor], factor: float) -> None:
+        if xs:
+            torch._foreach_mul_(list(xs), factor)
+
+    def adamw(
+        self,
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        m: Sequence[torch.Tensor],
+        v: Sequence[torch.Tensor],
+        step: AdamWStep,
+    ) -> None:
+        if not params:
+            return
+        # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all.
+        steps = [torch.tensor(float(step.step), device=self.device)] * len(params)
+        torch._fused_adamw_(
+            list(params), list(grads), list(m), list(v), [], steps,
+            lr=step.lr, beta1=step.beta1, beta2=step.beta2, weight_decay=step.weight_decay,
+            eps=step.eps, amsgrad=False, maximize=False,
+        )
 
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:
         truth = torch.from_numpy(np.asarray(target, np.int64)).to(output.device)

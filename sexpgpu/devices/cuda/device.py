@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from sexpgpu.devices.state import TrainState
+from sexpgpu.devices.state import SummingKernels, Sums, TrainState
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
+from sexpgpu.ir.dtypes import numpy_dtype
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import FUSED, Op
 from sexpgpu.runtime.devices import Device as DeviceId
@@ -47,12 +48,19 @@ def _torch() -> Any:
     return torch
 
 
-class TorchKernels:
-    """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda)."""
+class TorchKernels(SummingKernels):
+    """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda).
+
+    With `fused`, the training graph runs as a `FusedGraph` (Inductor's
+    kernels, summing into buffers this object owns, a CUDA graph on a GPU);
+    without it, or where the graph is `NotFusable`, op by op.
+    """
 
     has_activations = True
 
-    def __init__(self, compiled: CompiledRun, device: Any, where: DeviceId) -> None:
+    def __init__(
+        self, compiled: CompiledRun, device: Any, where: DeviceId, *, fused: Any = None
+    ) -> None:
         from sexpgpu.devices.cuda.executor import TorchGraph
 
         self.compiled = compiled
@@ -63,6 +71,8 @@ class TorchKernels:
         self._activations: Any = None
         self._graph = TorchGraph
         self._tracker = PeakTracker(where)
+        self.fused = fused
+        self._buffers: Sums | None = None
 
     @property
     def last_peak_bytes(self) -> int:
@@ -78,6 +88,32 @@ class TorchKernels:
         out = self._train({**batch, **params})
         return out["loss"], {name: out[GRAD_PREFIX + name] for name in self.params}
 
+    def accumulate(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
+    ) -> Sums:
+        if self.fused is None:
+            return super().accumulate(params, batch, sums)
+        if sums is None:
+            sums = self._zeroed()
+        buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
+        self.fused({**batch, **params}, buffers)
+        sums.count += 1
+        return sums
+
+    def _zeroed(self) -> Sums:
+        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them)."""
+        import torch
+
+        if self._buffers is None:
+            zeros = {
+                k: torch.zeros(info.shape, dtype=torch.float32, device=self.device)
+                for k, info in self.params.items()
+            }
+            self._buffers = Sums(torch.zeros((), dtype=torch.float32, device=self.device), zeros, 0)
+        buffers = self._buffers
+        torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
+        return Sums(buffers.loss, dict(buffers.grads), 0)
+
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
         out = self._eval({**batch, **params})
         return out["loss"], out.get("output")
@@ -91,7 +127,8 @@ class TorchKernels:
         return {path: float(value) for path, value in out.items()}
 
     def report_lines(self) -> list[str]:
-        return self._train.report_lines()
+        lines = self._train.report_lines()
+        return lines + (self.fused.report_lines() if self.fused is not None else [])
 
 
 class CudaDevice:
@@ -106,13 +143,17 @@ class CudaDevice:
 
     name = "cuda"
 
-    def __init__(self, torch_device: str = "cuda") -> None:
+    def __init__(self, torch_device: str = "cuda", *, fuse: bool | None = None) -> None:
         self.torch = _torch()
         self.kind = torch_device
         gpu = torch_device == "cuda" and self.torch.cuda.is_available()
         # Where the plan and the report look: the first GPU, or the CPU without one.
         self.first = "cuda:0" if gpu and self.torch.cuda.device_count() else "cpu"
         self._live: tuple[CompiledRun, tuple[int, Any]] | None = None
+        # Fused on a GPU; on PyTorch's CPU device only when a test asks (Inductor's
+        # C++ compile takes seconds per graph).
+        self.fuse = torch_device == "cuda" if fuse is None else fuse
+        self._fused: dict[tuple[int, str], Any] = {}
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -174,6 +215,7 @@ class CudaDevice:
         lines += _pattern_lines(compiled.train_graph)
         graph = TorchGraph(compiled.train_graph, self.torch.device(self.first))
         lines += graph.report_lines()
+        lines += self._fused_lines(compiled)
         lines.append(plan.line())
         _, node = self._live_set(compiled)
         if node is not None:
@@ -194,6 +236,33 @@ class CudaDevice:
             f"cuDNN {cudnn or 'none'}"
         )
 
+    def _fused_lines(self, compiled: CompiledRun) -> list[str]:
+        if not self.fuse:
+            return ["fused: off (op by op)"]
+        if self.kind == "cuda" and self.first == "cpu":
+            return ["fused: the training graph is compiled on the GPU when the run loads it"]
+        fused = self._fused_graph(compiled, self.torch.device(self.first))
+        if isinstance(fused, str):
+            return [f"fused: off, op by op: {fused}"]
+        return fused.report_lines()
+
+    def _fused_graph(self, compiled: CompiledRun, device: Any) -> Any:
+        """The training graph compiled for `device` (kept: the report and the load share it),
+        or why it cannot be."""
+        from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
+
+        key = (id(compiled), str(device))
+        if key not in self._fused:
+            graph = compiled.train_graph
+            examples = _zero_feeds(graph, self.torch, device)
+            try:
+                self._fused[key] = FusedGraph(
+                    graph, device, sums=list(graph.outputs), examples=examples
+                )
+            except NotFusable as why:
+                self._fused[key] = str(why)
+        return self._fused[key]
+
     # -- load -----------------------------------------------------------------------------
 
     def load(self, compiled: CompiledRun, where: DeviceId) -> TrainState:
@@ -207,7 +276,11 @@ class CudaDevice:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        return TrainState(TorchKernels(compiled, device, where), TorchOps(device))
+        fused = self._fused_graph(compiled, device) if self.fuse else None
+        if isinstance(fused, str):
+            fused = None  # the report said why
+        kernels = TorchKernels(compiled, device, where, fused=fused)
+        return TrainState(kernels, TorchOps(device))
 
 
 def _pattern_lines(graph: Graph) -> list[str]:
@@ -221,6 +294,17 @@ def _pattern_lines(graph: Graph) -> list[str]:
         f"pattern: {op.label} x{count} from {where}"
         for (op, where), count in sorted(seen.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
     ]
+
+
+def _zero_feeds(graph: Graph, torch: Any, device: Any) -> dict[str, Any]:
+    """Zeros for every fed leaf: the trace runs once on them (0 is a valid id)."""
+    feeds: dict[str, Any] = {}
+    for node in graph.nodes():
+        if node.op is Op.INPUT:
+            feeds[node.name] = np.zeros(node.shape, numpy_dtype(node.dtype))
+        elif node.op is Op.PARAM:
+            feeds[node.name] = torch.zeros(node.shape, dtype=torch.float32, device=device)
+    return feeds
 
 
 def _constant_bytes(graph: Graph) -> int:

@@ -23,7 +23,7 @@ backend ran.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +159,9 @@ class TorchGraph:
 
     # ------------------------------------------------------------ run
 
-    def __call__(self, feeds: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, feeds: Mapping[str, Any], after_step: Callable[[int], None] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Run the program; returns every output by name, as tensors on the device.
 
         Parameters
@@ -168,6 +170,9 @@ class TorchGraph:
             A tensor or array for every INPUT and PARAM name of the graph, of
             the node's shape (converted to its dtype and moved to the device;
             bf16 feeds are rounded to nearest, ties to even).
+        after_step
+            Called with each schedule position once its value is computed
+            (the tracer uses it to tell which IR node made which aten call).
         """
         full_precision(self.device)
         values: list[torch.Tensor | None] = [None] * len(self.order)
@@ -176,6 +181,8 @@ class TorchGraph:
         with torch.no_grad():
             for i, step in enumerate(self.steps):
                 values[i] = self._compute(i, step, values, feeds, stash, waiting)
+                if after_step is not None:
+                    after_step(i)
                 for j in step.frees:
                     values[j] = None
         return {name: values[i] for name, i in self._outputs.items()}

@@ -29,7 +29,9 @@ cuda device.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -48,6 +50,7 @@ __all__ = [
     "LOWERING_EXEMPT",
     "TORCH_DTYPES",
     "full_precision",
+    "ids_checked_by_caller",
     "lowering",
     "torch_dtype",
 ]
@@ -104,9 +107,28 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.bfloat16 else dtype
 
 
+# Set while a caller has checked every id on the host (`ids_checked_by_caller`).
+_IDS_CHECKED = contextvars.ContextVar("ids_checked", default=False)
+
+
+@contextlib.contextmanager
+def ids_checked_by_caller() -> Iterator[None]:
+    """Skip the device-side id checks: the caller checked the ids on the host.
+
+    A graph traced for compilation cannot read a device value back, and a
+    CUDA gather past its table would stop the whole process, so the traced
+    path checks its fed ids before uploading them.
+    """
+    token = _IDS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _IDS_CHECKED.reset(token)
+
+
 def _check_ids(node: Node, ids: T, size: int) -> None:
     """E-DATA-006 at the node's span unless every id lies in ``[0, size)`` (as the interpreter)."""
-    if ids.numel():
+    if ids.numel() and not _IDS_CHECKED.get():
         low, high = torch.aminmax(ids)
         check_ids(node, np.array([int(low), int(high)]), size)
 

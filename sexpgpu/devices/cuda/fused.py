@@ -1,0 +1,304 @@
+"""`FusedGraph`: an IR graph traced to aten, compiled by Inductor, replayed as a CUDA graph.
+
+The way through, once per graph (decided by measurement, docs/devices.md):
+
+1. **trace**: `TorchGraph`'s schedule runs under ``make_fx`` on fake tensors
+   of the feeds' shapes, so the lowering (cuBLAS products, SDPA attention,
+   the fused aten normalizations) is written once. Each aten call is renamed
+   after the IR node that made it (``ir12__gelu``), so Inductor's provenance
+   maps every generated kernel back to IR nodes and their source forms.
+2. **sum in place**: the traced function adds each summed output (the loss,
+   every gradient) into a buffer the caller passes, so the gradient
+   accumulation fuses into the backward's last kernels.
+3. **compile**: ``torch._inductor.compile`` fuses the elementwise and
+   reduction regions into generated Triton kernels (C++ on the CPU) and
+   calls cuBLAS and SDPA for the rest.
+4. **capture**: on a GPU the second call is captured as a CUDA graph over
+   static input buffers, and every later call copies its batch in and
+   replays it: one launch for the whole call.
+
+Ids are checked on the host before they are uploaded (a CUDA gather past
+its table stops the process, and a traced graph cannot read a value back);
+a graph whose ids are computed rather than fed is `NotFusable`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sexpgpu.devices.cuda.executor import TorchGraph, _feed
+from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
+from sexpgpu.ir.node import Graph, Node
+from sexpgpu.ir.numpy_fused import check_ids
+from sexpgpu.ir.ops import Op
+
+__all__ = ["FusedGraph", "Kernel", "NotFusable"]
+
+log = logging.getLogger(__name__)
+
+# Ops whose operand 1 holds ids, and the axis of operand 0 they index.
+_ID_OPERANDS = {Op.TAKE: 0, Op.CROSS_ENTROPY: -1, Op.CROSS_ENTROPY_GRAD: -1}
+# Ops that move ids without changing which values occur.
+_SAME_VALUES = (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST_TO)
+_MADE_ONCE = (Op.CONSTANT, Op.IOTA)
+
+
+class NotFusable(Exception):
+    """The graph cannot take the fused path; the message says why."""
+
+
+class Kernel:
+    """One generated or library kernel of a compiled graph and the IR nodes it covers."""
+
+    def __init__(self, name: str, nodes: Sequence[Node], sums: bool = False) -> None:
+        self.name = name
+        self.nodes = list(nodes)
+        self.sums = sums  # it adds into the step's buffers
+
+    def forms(self) -> str:
+        """``add, gelu (gpt.lisp:31)``: the ops covered, with the source lines they come from."""
+        ops = sorted({n.op.label for n in self.nodes})
+        ops += ["the sums into the step's buffers"] if self.sums else []
+        lines = sorted({f"{n.span.source.name}:{n.span.line}" for n in self.nodes if n.span})
+        return ", ".join(ops) + (f" ({', '.join(lines)})" if lines else "")
+
+
+class FusedGraph:
+    """`graph` compiled for `device`; call it with feeds and the buffers it sums into.
+
+    Parameters
+    ----------
+    graph
+        The program; INPUT nodes are fed host arrays, PARAM nodes tensors.
+    device
+        ``torch.device("cuda", i)``, or ``torch.device("cpu")`` (tests: the
+        same trace and compiler, C++ kernels, no capture).
+    sums
+        Outputs added into caller's buffers instead of returned.
+    examples
+        Feeds of the right shapes (their values are not read).
+
+    Raises
+    ------
+    NotFusable
+        Ids that are computed inside the graph (not fed), or an Inductor failure.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        device: torch.device,
+        *,
+        sums: Sequence[str],
+        examples: Mapping[str, Any],
+    ) -> None:
+        self.device = torch.device(device)
+        self.eager = TorchGraph(graph, self.device)
+        self.graph = self.eager.graph  # decomposed where the lowering has no kernel
+        self._ids = _fed_ids(self.graph)
+        self.sums = tuple(sums)
+        self.returned = tuple(n for n in self.graph.outputs if n not in self.sums)
+        leaves = {n.name: n for n in self.graph.nodes() if n.op in (Op.INPUT, Op.PARAM)}
+        self.inputs = [n for n in leaves.values() if n.op is Op.INPUT]
+        self.params = [n.name for n in leaves.values() if n.op is Op.PARAM]
+        self.kernels: list[Kernel] = []
+        self._compiled = self._compile(examples)
+        self.capture = self.device.type == "cuda"
+        self.captured = False
+        self._cuda_graph: Any = None
+        self._static: list[torch.Tensor] = []
+        self._addresses: tuple[int, ...] = ()
+        self._outputs: list[torch.Tensor] = []
+        self.calls = 0
+
+    # ------------------------------------------------------------ compile
+
+    def _flat(self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]) -> list:
+        inputs = [_feed(n, feeds, self.device) for n in self.inputs]
+        return [*inputs, *(feeds[p] for p in self.params), *(buffers[s] for s in self.sums)]
+
+    def _traced(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        names = [n.name for n in self.inputs] + self.params
+        feeds = dict(zip(names, flat, strict=False))
+        buffers = flat[len(names) :]
+        marks = self._marks
+        mode = torch.fx.experimental.proxy_tensor.get_proxy_mode()
+
+        def after_step(i: int) -> None:
+            marks.append((i, len(mode.tracer.graph.nodes)))
+
+        with ids_checked_by_caller():
+            out = self.eager(feeds, after_step=after_step if mode is not None else None)
+        for buffer, name in zip(buffers, self.sums, strict=True):
+            buffer.add_(out[name])
+        return tuple(out[name] for name in self.returned)
+
+    def _compile(self, examples: Mapping[str, Any]) -> Any:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        for node, source in self._ids.items():
+            if source is None:
+                raise NotFusable("ids computed inside the graph are checked only when run eagerly")
+            if source.op in _MADE_ONCE:  # known now: checked once, here
+                value = self.eager._constants[self.eager._pos[id(source)]]
+                check_ids(node, value.cpu().numpy(), _id_range(node))
+        self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
+        buffers = {
+            s: torch.zeros(self.graph.outputs[s].shape, dtype=torch.float32, device=self.device)
+            for s in self.sums
+        }
+        flat = self._flat(examples, buffers)
+        self._marks: list[tuple[int, int]] = []
+        gm = make_fx(self._traced, tracing_mode="real")(*flat)
+        self._name_after_ir(gm)
+        try:
+            with torch._inductor.config.patch(_provenance()):
+                compiled = torch._inductor.compile(gm, flat)
+        except Exception as error:  # Inductor's own failures carry no stable type
+            raise NotFusable(f"Inductor failed: {type(error).__name__}: {error}") from error
+        self.kernels = self._kernel_map(compiled)
+        return compiled
+
+    def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
+        """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.
+
+        Calls after the last IR node are the sums into the buffers: ``sums__<name>``.
+        """
+        bounds = iter(self._marks)
+        position, end = next(bounds, (None, None))
+        for count, node in enumerate(gm.graph.nodes, start=1):
+            while end is not None and count > end:
+                position, end = next(bounds, (None, None))
+            if node.op == "call_function":
+                prefix = "sums" if position is None else f"ir{position}"
+                node._rename(f"{prefix}__{node.name}")
+        gm.recompile()
+
+    def _kernel_map(self, compiled: Any) -> list[Kernel]:
+        """Kernels in launch order with the IR nodes each covers (Inductor's provenance)."""
+        text = getattr(compiled, "inductor_provenance_mapping_str", None)
+        if not text:
+            return []
+        mapping = json.loads(text)
+        post_to_pre = mapping.get("postToPre", {})
+        order = self.eager.order
+        kernels = []
+        for key, value in mapping.items():
+            if not key.endswith("CodeToPost"):
+                continue
+            for kernel, posts in value.items():
+                positions, sums = set(), False
+                for post in posts:
+                    for pre in post_to_pre.get(post, [post]):
+                        head = pre.split("__", 1)[0]
+                        sums |= head == "sums"
+                        if head.startswith("ir") and head[2:].isdigit():
+                            positions.add(int(head[2:]))
+                nodes = [order[i] for i in sorted(positions)]
+                kernels.append(Kernel(kernel.rsplit(":", 1)[0], nodes, sums))
+        return kernels
+
+    # ------------------------------------------------------------ run
+
+    def check_ids(self, feeds: Mapping[str, Any]) -> None:
+        """E-DATA-006 before upload: every fed id within its table (as the interpreter)."""
+        for node, fed in self._ids.items():
+            check_ids(node, np.asarray(feeds[fed.name]), _id_range(node))
+
+    def __call__(
+        self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Run once: `buffers` (one per name in `sums`) grow by this call's outputs.
+
+        The other outputs are returned; after a replay they live in the CUDA
+        graph's memory and are overwritten by the next call.
+        """
+        self.check_ids(feeds)
+        flat = self._flat(feeds, buffers)
+        self.calls += 1
+        if not self.capture or self.calls == 1:
+            out = self._once(flat, buffers)
+        else:
+            out = self._replay(flat)
+        return dict(zip(self.returned, out, strict=True))
+
+    def _once(self, flat: list, buffers: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
+        """A plain call, summing into fresh buffers first.
+
+        A call that fails to allocate halfway must leave the caller's sums
+        as they were, so that `sexpgpu.runtime.oom` can retry it.
+        """
+        n = len(flat) - len(self.sums)
+        scratch = [torch.zeros_like(b) for b in flat[n:]]
+        out = self._compiled(*flat[:n], *scratch)
+        if scratch:
+            torch._foreach_add_([buffers[s] for s in self.sums], scratch)
+        return out
+
+    def _replay(self, flat: list) -> Sequence[torch.Tensor]:
+        """Copy the inputs in and replay; (re)capture when the other operands moved.
+
+        A replay allocates nothing, so it cannot fail halfway.
+        """
+        n_in = len(self.inputs)
+        addresses = tuple(t.data_ptr() for t in flat[n_in:])
+        if self._cuda_graph is None or addresses != self._addresses:
+            self._static = [t.clone() for t in flat[:n_in]]
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._outputs = list(self._compiled(*self._static, *flat[n_in:]))
+            self._cuda_graph, self._addresses, self.captured = graph, addresses, True
+            log.debug("captured a CUDA graph of %d kernels", len(self.kernels))
+        else:
+            for static, value in zip(self._static, flat[:n_in], strict=True):
+                static.copy_(value)
+        self._cuda_graph.replay()
+        return self._outputs
+
+    # ------------------------------------------------------------ report
+
+    def report_lines(self) -> list[str]:
+        """``kernel x12 triton_poi_fused_add_gelu_7 <- add, gelu (gpt.lisp:31)``, repeats folded."""
+        folded: Counter = Counter()
+        first: dict[str, str] = {}
+        for kernel in self.kernels:
+            forms = kernel.forms()
+            family = kernel.name.rstrip("0123456789").rstrip("_")
+            folded[(family, forms)] += 1
+            first.setdefault((family, forms), kernel.name)
+        lines = [
+            f"fused: {len(self.kernels)} kernels (Inductor), "
+            f"{'CUDA graph' if self.capture else 'no CUDA graph on the CPU'}"
+        ]
+        for (family, forms), count in folded.items():
+            lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")
+        return lines
+
+
+def _fed_ids(graph: Graph) -> dict[Node, Node | None]:
+    """Each id-taking node -> the INPUT, CONSTANT or IOTA its ids come from unchanged, or None."""
+    found: dict[Node, Node | None] = {}
+    for node in graph.nodes():
+        if node.op in _ID_OPERANDS:
+            ids = node.inputs[1]
+            while ids.op in _SAME_VALUES:
+                ids = ids.inputs[0]
+            found[node] = ids if ids.op is Op.INPUT or ids.op in _MADE_ONCE else None
+    return found
+
+
+def _id_range(node: Node) -> int:
+    return node.inputs[0].shape[_ID_OPERANDS[node.op]]
+
+
+def _provenance() -> dict[str, Any]:
+    """Inductor's setting that records which fx nodes each kernel covers, where it has one."""
+    known = hasattr(torch._inductor.config.trace, "provenance_tracking_level")
+    return {"trace.provenance_tracking_level": 1} if known else {}

@@ -90,13 +90,20 @@ def test_fused_sums_equal_the_interpreter(kind: str, which: str) -> None:
     assert lines[0].startswith("fused: ") and any("matmul" in line for line in lines)
 
 
-def test_every_kernel_names_the_ir_nodes_it_covers() -> None:
+def _gpt_on_cpu():
     compiled = _compiled("gpt")
     graph = compiled.train_graph
     params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
-    fused = FusedGraph(
-        graph, torch.device("cpu"), sums=list(graph.outputs), examples={**_feeds(graph, 0), **params}
+    examples = {**_feeds(graph, 0), **params}
+    return (
+        graph,
+        params,
+        FusedGraph(graph, torch.device("cpu"), sums=list(graph.outputs), examples=examples),
     )
+
+
+def test_every_kernel_names_the_ir_nodes_it_covers() -> None:
+    _, _, fused = _gpt_on_cpu()
     assert fused.kernels
     covered = [k for k in fused.kernels if k.nodes or k.sums]
     assert len(covered) >= 0.9 * len(fused.kernels)
@@ -106,12 +113,7 @@ def test_every_kernel_names_the_ir_nodes_it_covers() -> None:
 
 
 def test_fed_ids_are_checked_before_the_upload() -> None:
-    compiled = _compiled("gpt")
-    graph = compiled.train_graph
-    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
-    fused = FusedGraph(
-        graph, torch.device("cpu"), sums=list(graph.outputs), examples={**_feeds(graph, 0), **params}
-    )
+    graph, params, fused = _gpt_on_cpu()
     buffers = {n: torch.zeros(o.shape) for n, o in graph.outputs.items()}
     bad = _feeds(graph, 1)
     bad["tokens"][0, 0] = 10_000

@@ -15,7 +15,10 @@ uploaded, so one seed gives one result on every backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from itertools import pairwise
 from math import prod
 from typing import Any
 
@@ -28,6 +31,11 @@ from .linalg import svd as host_svd
 __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
 
 Array = Any
+
+# Threads that copy a site into page-locked memory for its upload, and the
+# smallest slice worth a thread of its own.
+STAGE_THREADS = 4
+_STAGE_PIECE = 8 << 20
 
 
 class Backend:
@@ -55,6 +63,15 @@ class Backend:
     def to_host(self, x: Array) -> np.ndarray:
         """``x`` as a NumPy array (a copy from a device)."""
         raise NotImplementedError
+
+    def download(self, x: Array) -> Callable[[], np.ndarray]:
+        """Start copying ``x`` to the host; call the result for the NumPy array.
+
+        On a GPU the copy runs on a side stream, so the sweep queues the next
+        site's work before it waits for this one's output core.
+        """
+        host = self.to_host(x)
+        return lambda: host
 
     def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> Array:
         """A host buffer that device copies can use asynchronously (page-locked on a GPU)."""
@@ -199,6 +216,12 @@ def _unit(values: Any, xp: Any) -> Any:
     return xp.where(size == 0, xp.ones_like(values), values / xp.where(size == 0, 1, size))
 
 
+@cache
+def _stagers() -> ThreadPoolExecutor:
+    """The threads of `TorchBackend._stage`, shared by every backend and call."""
+    return ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="sexpgpu-tn-stage")
+
+
 def torch_dtype(dtype: np.dtype) -> Any:
     """The PyTorch dtype of a NumPy floating or complex dtype (imports PyTorch)."""
     import torch
@@ -236,13 +259,41 @@ class TorchBackend(Backend):
         self.device = device
         self.is_host = not device.is_cuda
         self._dev = device.torch_device()
-        self._copy_stream = torch.cuda.Stream(self._dev) if device.is_cuda else None
+        cuda = device.is_cuda
+        # Uploads (the feed's thread) and downloads (output cores) each get a
+        # stream: a download waits for the compute queued before it, which
+        # uploads of the next sites must not.
+        self._copy_stream = torch.cuda.Stream(self._dev) if cuda else None
+        self._down_stream = torch.cuda.Stream(self._dev) if cuda else None
 
     def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> Any:
         t = self._torch.from_numpy(np.ascontiguousarray(x))
         if not self.device.is_cuda:
             return t
+        if non_blocking:
+            # Through page-locked memory, so the copy is queued rather than
+            # waited for (from pageable memory PyTorch synchronizes the stream).
+            t = t.pin_memory()
         return t.to(self._dev, non_blocking=non_blocking)
+
+    def _stage(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """``dst[...] = src`` for a large site, in slices over a few threads.
+
+        One thread copies a few GB/s into page-locked memory, slower than the
+        host link and than the GPU's product with the site.
+        """
+        flat_dst, flat_src = dst.reshape(-1), np.ascontiguousarray(src).reshape(-1)
+        pieces = min(STAGE_THREADS, max(1, flat_dst.nbytes // _STAGE_PIECE))
+        if pieces == 1:
+            flat_dst[...] = flat_src
+            return
+        cuts = np.linspace(0, flat_dst.size, pieces + 1).astype(int)
+        jobs = [
+            _stagers().submit(np.copyto, flat_dst[a:b], flat_src[a:b])
+            for a, b in pairwise(cuts)
+        ]
+        for job in jobs:
+            job.result()
 
     def upload_async(self, x: np.ndarray) -> tuple[Any, Any]:
         """Start copying ``x`` on the copy stream; the tensor and an event to wait for."""
@@ -251,7 +302,7 @@ class TorchBackend(Backend):
             return self.upload(x), None
         # One copy, straight into pinned memory (x may be a read-only memmap).
         host = torch.empty(x.shape, dtype=torch_dtype(x.dtype), pin_memory=True)
-        host.numpy()[...] = x
+        self._stage(host.numpy(), x)
         with torch.cuda.stream(self._copy_stream):
             t = host.to(self._dev, non_blocking=True)
             event = torch.cuda.Event()
@@ -270,6 +321,26 @@ class TorchBackend(Backend):
         if isinstance(x, np.ndarray):
             return x
         return x.detach().cpu().numpy()
+
+    def download(self, x: Any) -> Callable[[], np.ndarray]:
+        torch = self._torch
+        if self._down_stream is None:
+            return super().download(x)
+        stream = self._down_stream
+        stream.wait_stream(torch.cuda.current_stream(self._dev))
+        with torch.cuda.stream(stream):
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            host.copy_(x, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        x.record_stream(stream)  # x's memory is not reused before the copy is done
+
+        def result() -> np.ndarray:
+            event.synchronize()
+            # A copy: the page-locked block goes back to PyTorch's cache.
+            return np.array(host.numpy())
+
+        return result
 
     def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         t = self._torch.empty(shape, dtype=torch_dtype(dtype))

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from math import prod
+from time import perf_counter
 from typing import Any
 
 import numpy as np
@@ -51,14 +52,18 @@ def _prefetched(
             return [xp.upload_async(c) for c in cores]
         return cores
 
+    waited = 0.0  # the sweep's time blocked on a site not yet read (and staged)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-read") as pool:
         pending: Future[Any] = pool.submit(load, order[0])
         for i, j in enumerate(order):
+            start = perf_counter()
             ready = pending.result()
+            waited += perf_counter() - start
             if i + 1 < len(order):
                 pending = pool.submit(load, order[i + 1])
             yield j, ready
             del ready
+    logger.debug("%d sites read: the sweep waited %.3f s for them", len(order), waited)
 
 
 def site_feed(

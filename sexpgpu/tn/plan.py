@@ -208,7 +208,7 @@ def _working_set(
 
 
 def _host_working_set(stack: Stack, size: int, item: int) -> int:
-    """Host bytes beside the device's: two sites as read, one staged, an output core, omega."""
+    """Host bytes beside the device's: two sites as read, one staged, output cores, omega."""
     caps = cut_ranks(stack)
     per_site = []
     for j in range(stack.n_sites):
@@ -219,7 +219,8 @@ def _host_working_set(stack: Stack, size: int, item: int) -> int:
         )
         e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
         out = min(size, e * ud) * e * ud * item
-        per_site.append(3 * read + out + size * ud * 16)
+        # an output core in page-locked memory and its copy out (`Backend.download`)
+        per_site.append(3 * read + 2 * out + size * ud * 16)
     return max(per_site)
 
 

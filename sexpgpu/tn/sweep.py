@@ -146,7 +146,7 @@ def _left_to_right(
     for j, cores in site_feed(ctx, xp, stack, range(stack.n_sites - 1), job.work):
         up, down = cores[0].shape[2], cores[-1].shape[3]
         omega = job.sketches.take(j, up, down)[lo:hi]
-        omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work))
+        omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)
         out = xp.empty((cols, *(c.shape[1] for c in cores)), job.work)
         kernel = _checked(job, lambda piece, cores=cores: env_step(xp, piece[0], piece[1], cores))
         for a, b in row_blocks(cols, plan.env_tile):
@@ -200,14 +200,27 @@ def _right_to_left(
     stack, k = job.stack, len(job.stack.layers)
     proj = xp.ones((1,) * (k + 1), job.work)
     caps = cut_ranks(stack)
+    # Each output core is copied to the host while the next site computes, and
+    # sunk once that site's work is queued: the GPU never waits for the host.
+    pending: tuple[int, Callable[[], np.ndarray]] | None = None
     for j, cores in site_feed(ctx, xp, stack, range(stack.n_sites - 1, -1, -1), job.work):
         if j == 0:
             if ctx.rank == 0:
                 z = right_block(xp, proj, cores)
+                _sink(job, pending)
                 job.sink.put(0, xp.to_host(z.reshape(1, *z.shape[:3])))  # (1, e, u, d)
-            break
-        proj = _rtl_step(ctx, xp, job, store, state, j, cores, proj, caps[j - 1])
+            return
+        proj, core = _rtl_step(ctx, xp, job, store, state, j, cores, proj, caps[j - 1])
         del cores
+        _sink(job, pending)
+        pending = (j, core) if core is not None else None
+
+
+def _sink(job: SweepJob, pending: tuple[int, Callable[[], np.ndarray]] | None) -> None:
+    """Hand a downloaded output core to the sink (rank 0; nothing elsewhere)."""
+    if pending is not None:
+        j, core = pending
+        job.sink.put(j, core())
 
 
 def _rtl_step(
@@ -220,8 +233,12 @@ def _rtl_step(
     cores: list[Array],
     proj: Array,
     cap: int,
-) -> Array:
-    """One site of the right-to-left pass; returns the next projected environment."""
+) -> tuple[Array, Callable[[], np.ndarray] | None]:
+    """One site of the right-to-left pass.
+
+    Returns the next projected environment, and on rank 0 the output core's
+    download (`Backend.download`).
+    """
     plan = job.plan
     env = store.take(j)
     env = env[: _sketch_width(job, ctx.rank, cap)]
@@ -249,19 +266,19 @@ def _rtl_step(
     del parts
     sketches = ctx.gather(y_mine, root=0)
     del y_mine
-    chunks = None
+    chunks, download = None, None
     if ctx.rank == 0:
         q = basis(xp, xp.concat(sketches, axis=1), job.cutoff, cap)  # (e u d, c)
         del sketches
         core = xp.contiguous(xp.permute(q, (1, 0))).reshape(-1, e, up, down)  # (c, e, u, d)
-        job.sink.put(j, xp.to_host(core))
+        download = xp.download(core)
         qh = xp.adjoint(q)  # (c, e u d)
         chunks = [qh[lo:hi] for lo, hi in column_blocks(qh.shape[0], ctx.size)]
     qh_mine = ctx.scatter(chunks, root=0)  # (c_r, e u d)
     mine = _project(xp, job, state, qh_mine, proj, held, blocks, ud, z_of, what)
     full = xp.concat(ctx.allgather(mine))  # (c, l..)
     logger.debug("rank %d: right-to-left: site %d, bond %d", ctx.rank, j, full.shape[0])
-    return full.reshape(-1, *lefts)
+    return full.reshape(-1, *lefts), download
 
 
 def _project(

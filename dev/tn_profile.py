@@ -1,23 +1,181 @@
-"""Where sexpgpu.tn's GPU sweep spends its time (torch.profiler), beside src-method. Run on a GPU."""
-import sys, time, numpy as np, torch
-sys.path.insert(0, "benches")
-import sexpgpu.tn as tn
-from tn_gpu import random_mpo, perturbed_identity, inner
-import src_method
-from torch.profiler import profile, ProfilerActivity
+"""Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
 
-n, chi, dtype = 20, 500, "complex128"
-rng = np.random.default_rng(0)
-a, b = random_mpo(n, chi, rng, dtype), perturbed_identity(n, rng, dtype)
-for _ in range(2):
-    tn.apply(a, b, chi, seed=1, device="gpu"); src_method.apply(a, b, chi, seed=1, device="gpu")
-torch.cuda.synchronize()
-t = time.perf_counter(); tn.apply(a, b, chi, seed=1, device="gpu"); torch.cuda.synchronize(); print("ours", time.perf_counter() - t)
-t = time.perf_counter(); src_method.apply(a, b, chi, seed=1, device="gpu"); torch.cuda.synchronize(); print("src-method", time.perf_counter() - t)
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    tn.apply(a, b, chi, seed=1, device="gpu"); torch.cuda.synchronize()
-print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
-print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25, max_name_column_width=60))
-import cProfile, pstats
-pr = cProfile.Profile(); pr.enable(); tn.apply(a, b, chi, seed=1, device="gpu"); torch.cuda.synchronize(); pr.disable()
-pstats.Stats(pr).sort_stats("cumulative").print_stats(30)
+Three parts, each printed as it is measured:
+
+1. ``pieces``: the rates of what one site of the sweep is made of, at the
+   sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
+   a site's upload by each staging path, ZGEMM/CGEMM, QR of the sketch, the
+   SVD drivers and eigh of an ``R`` factor, the host SVD.
+2. ``profile``: one sweep (``--profile-sites``, ``--profile-chi``, complex128)
+   under torch.profiler, GPU time by kernel, with sexpgpu.tn's pass times.
+3. ``variants``: wall time of sexpgpu.tn under staging threads and tile
+   sizes, against src-method in the same process.
+
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, "benches")
+import src_method
+from tn_gpu import perturbed_identity, random_mpo
+
+import sexpgpu.tn as tn
+import sexpgpu.tn.backend as backend
+import sexpgpu.tn.plan as plan
+from sexpgpu.runtime.devices import Device
+
+
+def clock(fn, reps: int = 5) -> float:
+    """Median seconds of ``fn()``, the device synchronized around each call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def pieces(chi: int) -> None:
+    dev = torch.device("cuda")
+    xp = backend.TorchBackend(Device("cuda", 0))
+    site = (np.random.default_rng(0).standard_normal((chi, chi, 2, 2, 2)) @ [1, 1j]).copy()
+    mb = site.nbytes / 2**20
+    print(f"## pieces, chi={chi}: one site {mb:.0f} MiB complex128")
+
+    def staged(threads: int):
+        def run():
+            backend.STAGE_THREADS = threads
+            backend._stagers.cache_clear()
+            t, token = xp.upload_async(site)
+            xp.wait(token, t)
+
+        return run
+
+    pinned = torch.from_numpy(site).pin_memory()
+    rows = {
+        "pageable .to(cuda)": lambda: torch.from_numpy(site).to(dev),
+        "pinned -> cuda (DMA only)": lambda: pinned.to(dev, non_blocking=True),
+        "stage 1 thread + DMA": staged(1),
+        "stage 4 threads + DMA": staged(4),
+        "stage 8 threads + DMA": staged(8),
+    }
+    for name, fn in rows.items():
+        t = clock(fn)
+        print(f"upload   {name:28s} {t * 1e3:8.2f} ms  {site.nbytes / t / 1e9:6.1f} GB/s")
+    backend.STAGE_THREADS = 4
+    backend._stagers.cache_clear()
+    for dtype in (torch.complex128, torch.complex64):
+        m, k, n = 4 * chi, 4 * chi, chi
+        a = torch.randn(m, k, dtype=dtype, device=dev)
+        b = torch.randn(k, n, dtype=dtype, device=dev)
+        t = clock(lambda a=a, b=b: a @ b)
+        print(f"gemm     {dtype} {m}x{k}x{n}: {t * 1e3:8.2f} ms {8 * m * k * n / t / 1e12:6.1f} TF")
+        y = torch.randn(4 * chi, chi, dtype=dtype, device=dev)
+        t = clock(lambda y=y: torch.linalg.qr(y))
+        print(f"qr       {dtype} {4 * chi}x{chi}: {t * 1e3:8.2f} ms")
+        r = torch.linalg.qr(y)[1]
+        drivers = (None, "gesvd", "gesvdj", "gesvda") if dtype == torch.complex128 else (None,)
+        for driver in drivers:
+            t = clock(lambda r=r, d=driver: torch.linalg.svd(r, full_matrices=False, driver=d), 1)
+            print(f"svd      {dtype} {chi}x{chi} driver={driver}: {t * 1e3:8.2f} ms")
+        gram = r @ r.mH
+        t = clock(lambda g=gram: torch.linalg.eigh(g), 3)
+        print(f"eigh     {dtype} {chi}x{chi}: {t * 1e3:8.2f} ms")
+        host = r.cpu().numpy()
+        t = clock(lambda h=host: np.linalg.svd(h, full_matrices=False), 1)
+        print(f"host svd {dtype} {chi}x{chi} (numpy): {t * 1e3:8.2f} ms")
+
+
+class Passes(logging.Handler):
+    """Collects sexpgpu.tn's pass times and waits for sites."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if "pass:" in text or "waited" in text:
+            self.lines.append(text)
+
+
+def problem(n: int, chi: int, dtype: str):
+    rng = np.random.default_rng(0)
+    return random_mpo(n, chi, rng, dtype), perturbed_identity(n, rng, dtype)
+
+
+def profile(n: int, chi: int, passes: Passes) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = problem(n, chi, "complex128")
+    print(f"## profile, n={n} chi={chi} complex128")
+    ours = clock(lambda: tn.apply(a, b, chi, seed=1, device="gpu"), 2)
+    theirs = clock(lambda: src_method.apply(a, b, chi, seed=1, device="gpu"), 2)
+    print(f"wall: sexpgpu.tn {ours:.3f} s, src-method {theirs:.3f} s, ratio {theirs / ours:.2f}")
+    passes.lines.clear()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        tn.apply(a, b, chi, seed=1, device="gpu")
+        torch.cuda.synchronize()
+    print("\n".join(passes.lines))
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=20, max_name_column_width=50
+    )
+    print(table)
+
+
+def variants(n: int, chi: int, passes: Passes) -> None:
+    print(f"## variants, n={n} chi={chi}")
+    for dtype in ("complex128", "complex64"):
+        a, b = problem(n, chi, dtype)
+        theirs = clock(lambda a=a, b=b: src_method.apply(a, b, chi, seed=1, device="gpu"), 2)
+        print(f"{dtype}: src-method {theirs:.3f} s")
+        for threads, tile in ((1, 256), (4, 256), (4, 1024)):
+            backend.STAGE_THREADS = threads
+            backend._stagers.cache_clear()
+            plan.TILE_BYTES = tile << 20
+            passes.lines.clear()
+            t = clock(lambda a=a, b=b: tn.apply(a, b, chi, seed=1, device="gpu"), 2)
+            print(
+                f"{dtype}: threads={threads} tile={tile} MiB: {t:.3f} s, "
+                f"ratio {theirs / t:.2f}; " + "; ".join(passes.lines[-4:])
+            )
+    backend.STAGE_THREADS, plan.TILE_BYTES = 4, 256 << 20
+    backend._stagers.cache_clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chi", type=int, default=1000)
+    parser.add_argument("--profile-sites", type=int, default=20)
+    parser.add_argument("--profile-chi", type=int, default=500)
+    parser.add_argument("--variant-sites", type=int, default=25)
+    parser.add_argument("--parts", nargs="+", default=["pieces", "profile", "variants"])
+    args = parser.parse_args()
+    passes = Passes()
+    logger = logging.getLogger("sexpgpu.tn")
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(passes)
+    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    if "pieces" in args.parts:
+        pieces(args.chi)
+    if "profile" in args.parts:
+        profile(args.profile_sites, args.profile_chi, passes)
+    if "variants" in args.parts:
+        variants(args.variant_sites, args.chi, passes)
+
+
+if __name__ == "__main__":
+    main()

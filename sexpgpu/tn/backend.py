@@ -289,8 +289,7 @@ class TorchBackend(Backend):
             return
         cuts = np.linspace(0, flat_dst.size, pieces + 1).astype(int)
         jobs = [
-            _stagers().submit(np.copyto, flat_dst[a:b], flat_src[a:b])
-            for a, b in pairwise(cuts)
+            _stagers().submit(np.copyto, flat_dst[a:b], flat_src[a:b]) for a, b in pairwise(cuts)
         ]
         for job in jobs:
             job.result()

@@ -53,17 +53,19 @@ def _prefetched(
         return cores
 
     waited = 0.0  # the sweep's time blocked on a site not yet read (and staged)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-read") as pool:
-        pending: Future[Any] = pool.submit(load, order[0])
-        for i, j in enumerate(order):
-            start = perf_counter()
-            ready = pending.result()
-            waited += perf_counter() - start
-            if i + 1 < len(order):
-                pending = pool.submit(load, order[i + 1])
-            yield j, ready
-            del ready
-    logger.debug("%d sites read: the sweep waited %.3f s for them", len(order), waited)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-read") as pool:
+            pending: Future[Any] = pool.submit(load, order[0])
+            for i, j in enumerate(order):
+                start = perf_counter()
+                ready = pending.result()
+                waited += perf_counter() - start
+                if i + 1 < len(order):
+                    pending = pool.submit(load, order[i + 1])
+                yield j, ready
+                del ready
+    finally:
+        logger.debug("%d sites read: the sweep waited %.3f s for them", len(order), waited)
 
 
 def site_feed(

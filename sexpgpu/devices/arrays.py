@@ -77,7 +77,11 @@ class ArrayOps(Protocol):
         ...
 
     def adamw(
-        self, params: Sequence[Any], grads: Sequence[Any], m: Sequence[Any], v: Sequence[Any],
+        self,
+        params: Sequence[Any],
+        grads: Sequence[Any],
+        m: Sequence[Any],
+        v: Sequence[Any],
         step: AdamWStep,
     ) -> None:
         """One AdamW update of `params` and its moments `m`, `v`, in place.

@@ -185,8 +185,11 @@ class AdamW(Optimizer):
             keys = [k for k in params if bool(wd and self.decay.get(k, True)) is decays]
             numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, self.steps)
             self.xp.adamw(
-                [params[k] for k in keys], [grads[k] for k in keys],
-                [m[k] for k in keys], [v[k] for k in keys], numbers,
+                [params[k] for k in keys],
+                [grads[k] for k in keys],
+                [m[k] for k in keys],
+                [v[k] for k in keys],
+                numbers,
             )
 
 

@@ -60,9 +60,19 @@ class TorchOps:
         # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all.
         steps = [torch.tensor(float(step.step), device=self.device)] * len(params)
         torch._fused_adamw_(
-            list(params), list(grads), list(m), list(v), [], steps,
-            lr=step.lr, beta1=step.beta1, beta2=step.beta2, weight_decay=step.weight_decay,
-            eps=step.eps, amsgrad=False, maximize=False,
+            list(params),
+            list(grads),
+            list(m),
+            list(v),
+            [],
+            steps,
+            lr=step.lr,
+            beta1=step.beta1,
+            beta2=step.beta2,
+            weight_decay=step.weight_decay,
+            eps=step.eps,
+            amsgrad=False,
+            maximize=False,
         )
 
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:

@@ -14,20 +14,23 @@ name. torch is imported when the device is made, never before.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sexpgpu.devices.state import SummingKernels, Sums, TrainState
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
-from sexpgpu.ir.dtypes import numpy_dtype
+from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun, matmul_flops
+from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import FUSED, Op
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.devices import require_capability
 from sexpgpu.runtime.memory import MemoryPlan, PeakTracker, detect_budget
+
+if TYPE_CHECKING:
+    from sexpgpu.devices.cuda.stacking import Choice
 
 __all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "TorchKernels"]
 
@@ -59,7 +62,13 @@ class TorchKernels(SummingKernels):
     has_activations = True
 
     def __init__(
-        self, compiled: CompiledRun, device: Any, where: DeviceId, *, fused: Any = None
+        self,
+        compiled: CompiledRun,
+        device: Any,
+        where: DeviceId,
+        *,
+        fused: Any = None,
+        degree: int = 1,
     ) -> None:
         from sexpgpu.devices.cuda.executor import TorchGraph
 
@@ -72,6 +81,8 @@ class TorchKernels(SummingKernels):
         self._graph = TorchGraph
         self._tracker = PeakTracker(where)
         self.fused = fused
+        self.degree = degree  # microbatches per call of `fused`
+        self._pending: list[Mapping[str, np.ndarray]] = []
         self._buffers: Sums | None = None
 
     @property
@@ -95,9 +106,18 @@ class TorchKernels(SummingKernels):
             return super().accumulate(params, batch, sums)
         if sums is None:
             sums = self._zeroed()
+        # Held until `degree` microbatches are here (the degree divides a rank's
+        # microbatches); kept only once the call succeeds, so a retry starts over.
+        pending = [*self._pending, batch]
+        if len(pending) < self.degree:
+            self._pending = pending
+            return sums
+        if self.degree > 1:
+            batch = {name: np.stack([b[name] for b in pending]) for name in batch}
         buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
         self.fused({**batch, **params}, buffers)
-        sums.count += 1
+        self._pending = []
+        sums.count += self.degree
         return sums
 
     def _zeroed(self) -> Sums:
@@ -149,11 +169,14 @@ class CudaDevice:
         gpu = torch_device == "cuda" and self.torch.cuda.is_available()
         # Where the plan and the report look: the first GPU, or the CPU without one.
         self.first = "cuda:0" if gpu and self.torch.cuda.device_count() else "cpu"
-        self._live: tuple[CompiledRun, tuple[int, Any]] | None = None
         # Fused on a GPU; on PyTorch's CPU device only when a test asks (Inductor's
         # C++ compile takes seconds per graph).
         self.fuse = torch_device == "cuda" if fuse is None else fuse
-        self._fused: dict[tuple[int, str], Any] = {}
+        # Per run (`id` of its CompiledRun, which the caller keeps alive) and degree.
+        self._live: dict[tuple[int, int], tuple[int, Any]] = {}
+        self._stacks: dict[tuple[int, int], Graph] = {}
+        self._fused: dict[tuple[int, str, int], Any] = {}
+        self._choices: dict[int, Any] = {}
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -168,44 +191,130 @@ class CudaDevice:
     ) -> MemoryPlan:
         """What one GPU holds at once, by part, from the graphs alone (nothing allocated).
 
-        Parameters, optimizer moments and (with several microbatches) the
-        gradient buffers are float32 for the whole run; the largest graph's
-        live set (its constants apart) comes from the executor's schedule;
-        the workspace is cuBLAS's (PyTorch takes it from its caching allocator)
+        Parameters, optimizer moments and the gradient buffers are float32 for
+        the whole run (op by op with one microbatch, the gradients are the
+        graph's outputs); the largest graph's live set (its constants apart)
+        comes from the executor's schedule, for the training graph at the
+        stacking degree chosen here (`sexpgpu.devices.cuda.stacking`); the
+        workspace is cuBLAS's (PyTorch takes it from its caching allocator)
         and the optimizer's temporaries, a few of the largest parameter. With
         several ranks, NCCL sums packed copies of the gradients.
         """
         budget = detect_budget(self.first, memory)
-        live, _ = self._live_set(compiled)
+        per_rank = max(1, microbatches // max(1, ranks))
+
+        def plan_at(degree: int) -> MemoryPlan:
+            return MemoryPlan(budget, self._parts(compiled, degree, moments, ranks, per_rank))
+
+        choice = self._choose(compiled, per_rank, lambda d: plan_at(d).fits)
+        self._choices[id(compiled)] = choice
+        return plan_at(choice.degree)
+
+    def _parts(
+        self, compiled: CompiledRun, degree: int, moments: int, ranks: int, per_rank: int
+    ) -> dict[str, int]:
+        live, _ = self._live_set(compiled, degree)
         params = 4 * compiled.param_count
         constants = _constant_bytes(compiled.train_graph)
         fed = _fed_param_bytes(compiled.train_graph)
         largest = max((4 * info.size for info in compiled.params.values()), default=0)
-        parts = {
+        return {
             "parameters": params,
             "optimizer": moments * params,
-            "gradients": params if microbatches > 1 else 0,
+            "gradients": params if self.fuse or per_rank > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),
             "workspace": CUBLAS_WORKSPACE + 3 * largest,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
-        return MemoryPlan(budget, parts)
 
-    def _live_set(self, compiled: CompiledRun) -> tuple[int, Any]:
+    def _stacked(self, compiled: CompiledRun, degree: int) -> Graph:
+        """The training graph running `degree` microbatches per call (1: the graph itself)."""
+        from sexpgpu.ir.stack import stack_microbatches
+
+        if degree == 1:
+            return compiled.train_graph
+        key = (id(compiled), degree)
+        if key not in self._stacks:
+            self._stacks[key] = stack_microbatches(compiled.train_graph, degree)
+        return self._stacks[key]
+
+    def _live_set(self, compiled: CompiledRun, degree: int = 1) -> tuple[int, Any]:
         """(bytes, node at the peak) of the larger of the training and evaluation graphs.
 
-        Kept for the run last asked about: the plan and the report both need it.
+        Kept per run and degree: the plan and the report both need it.
         """
         from sexpgpu.devices.cuda.executor import TorchGraph
 
-        if self._live is None or self._live[0] is not compiled:
+        key = (id(compiled), degree)
+        if key not in self._live:
             where = self.torch.device("cpu")  # planning allocates only small constants
-            plans = [TorchGraph(g, where) for g in (compiled.train_graph, compiled.eval_graph)]
+            graphs = (self._stacked(compiled, degree), compiled.eval_graph)
+            plans = [TorchGraph(g, where) for g in graphs]
             biggest = max(plans, key=lambda p: p.planned_peak_bytes)
-            self._live = (compiled, (biggest.planned_peak_bytes, biggest.peak_node))
-        return self._live[1]
+            self._live[key] = (biggest.planned_peak_bytes, biggest.peak_node)
+        return self._live[key]
+
+    def _choose(self, compiled: CompiledRun, per_rank: int, fits: Callable[[int], bool]) -> Choice:
+        """The stacking degree (see `sexpgpu.devices.cuda.stacking`)."""
+        from sexpgpu.devices.cuda.stacking import (
+            Choice,
+            CostModel,
+            choices_path,
+            choose,
+            degrees,
+            graph_key,
+        )
+        from sexpgpu.ir.printer import format_graph
+
+        if not self.fuse:
+            return Choice(1, "op by op, one microbatch per call")
+        fitting = [d for d in degrees(per_rank) if d == 1 or fits(d)]
+        bf16 = any(n.dtype is DType.BF16 for n in compiled.train_graph.nodes() if n.op is Op.MATMUL)
+        model = CostModel.for_dtype("bf16" if bf16 else "f32")
+        model_ms = {}
+        for d in fitting:
+            graph = self._stacked(compiled, d)
+            moved = 3 * 4 * compiled.param_count + self._live_set(compiled, d)[0]
+            calls, nodes = per_rank // d, len(graph.nodes())
+            model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
+        gpu = self.kind == "cuda" and self.first != "cpu"
+        text = format_graph(compiled.train_graph, spans=False)
+        return choose(
+            fitting,
+            model_ms,
+            key=graph_key(text, self._device_name(), per_rank),
+            path=choices_path(),
+            measure=(lambda d: self._measure(compiled, d, per_rank)) if gpu else None,
+        )
+
+    def _device_name(self) -> str:
+        if self.first == "cpu":
+            return f"torch-cpu/{self.torch.__version__}"
+        return f"{self.torch.cuda.get_device_name(0)}/torch {self.torch.__version__}"
+
+    def _measure(self, compiled: CompiledRun, degree: int, per_rank: int) -> float:
+        """Milliseconds of one step's calls at `degree` on the first GPU (zeros fed)."""
+        torch = self.torch
+        device = torch.device(self.first)
+        fused = self._fused_graph(compiled, device, degree)
+        if isinstance(fused, str):
+            return float("inf")
+        feeds = _zero_feeds(fused.graph, torch, device)
+        buffers = {
+            name: torch.zeros(fused.graph.outputs[name].shape, device=device) for name in fused.sums
+        }
+        for _ in range(3):  # a plain call, the capture, a replay
+            fused(feeds, buffers)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 5
+        start.record()
+        for _ in range(reps):
+            fused(feeds, buffers)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / reps * (per_rank // degree)
 
     def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
         """Device and capability, patterns matched and where, kernels, attention, the plan."""
@@ -217,7 +326,7 @@ class CudaDevice:
         lines += graph.report_lines()
         lines += self._fused_lines(compiled)
         lines.append(plan.line())
-        _, node = self._live_set(compiled)
+        _, node = self._live_set(compiled, self._choice(compiled).degree)
         if node is not None:
             where = f" at {node.span}" if node.span is not None else ""
             lines.append(f"memory: the live set peaks at {node.op.label}{where}")
@@ -237,23 +346,32 @@ class CudaDevice:
         )
 
     def _fused_lines(self, compiled: CompiledRun) -> list[str]:
+        choice = self._choice(compiled)
+        lines = [choice.line()]
         if not self.fuse:
-            return ["fused: off (op by op)"]
+            return [*lines, "fused: off (op by op)"]
         if self.kind == "cuda" and self.first == "cpu":
-            return ["fused: the training graph is compiled on the GPU when the run loads it"]
-        fused = self._fused_graph(compiled, self.torch.device(self.first))
+            return [*lines, "fused: the training graph is compiled on the GPU when a run loads it"]
+        fused = self._fused_graph(compiled, self.torch.device(self.first), choice.degree)
         if isinstance(fused, str):
-            return [f"fused: off, op by op: {fused}"]
-        return fused.report_lines()
+            return [*lines, f"fused: off, op by op: {fused}"]
+        return lines + fused.report_lines()
 
-    def _fused_graph(self, compiled: CompiledRun, device: Any) -> Any:
-        """The training graph compiled for `device` (kept: the report and the load share it),
-        or why it cannot be."""
+    def _choice(self, compiled: CompiledRun) -> Choice:
+        from sexpgpu.devices.cuda.stacking import Choice
+
+        return self._choices.get(id(compiled), Choice(1, "one microbatch per call (not planned)"))
+
+    def _fused_graph(self, compiled: CompiledRun, device: Any, degree: int) -> Any:
+        """The training graph at `degree` compiled for `device`, or why it cannot be.
+
+        Kept: the measurement, the report and the load share it.
+        """
         from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
 
-        key = (id(compiled), str(device))
+        key = (id(compiled), str(device), degree)
         if key not in self._fused:
-            graph = compiled.train_graph
+            graph = self._stacked(compiled, degree)
             examples = _zero_feeds(graph, self.torch, device)
             try:
                 self._fused[key] = FusedGraph(
@@ -276,10 +394,14 @@ class CudaDevice:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        fused = self._fused_graph(compiled, device) if self.fuse else None
+        degree = self._choice(compiled).degree
+        fused = self._fused_graph(compiled, device, degree) if self.fuse else None
         if isinstance(fused, str):
-            fused = None  # the report said why
-        kernels = TorchKernels(compiled, device, where, fused=fused)
+            fused, degree = None, 1  # the report said why
+        # Candidates measured and not chosen give their memory back.
+        for key in [k for k in self._fused if k[0] == id(compiled) and k[2] != degree]:
+            del self._fused[key]
+        kernels = TorchKernels(compiled, device, where, fused=fused, degree=degree)
         return TrainState(kernels, TorchOps(device))
 
 

@@ -153,7 +153,12 @@ class TorchGraph:
             change[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
         transient = [_temporary_bytes(node) for node in self.order]
         return simulate_peak(
-            self.order, storage, nbytes, buffer_last, base=always, change=change,
+            self.order,
+            storage,
+            nbytes,
+            buffer_last,
+            base=always,
+            change=change,
             transient=transient,
         )
 

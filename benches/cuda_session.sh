@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: the gpu tests, the smoke run against the cpu
 # device, and the benchmarks; logs under $OUT. Run from the repository root:
-#   bash benches/cuda_session.sh [tests|smoke|bench|tn]...   (default: all)
+#   bash benches/cuda_session.sh [tests|smoke|bench|profile|tn|dp]...   (default: tests smoke bench tn)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/sexpgpu-out}
@@ -28,9 +28,9 @@ for part in $parts; do
       --out /tmp/smoke-cuda 2>&1 | tee "$OUT/smoke_cuda.log" | grep -v '^step' | head -60
     python3 benches/compare_runs.py /tmp/smoke-cpu /tmp/smoke-cuda 2>&1 | tee "$OUT/smoke_compare.log" ;;
   bench)
-    timeout 240 python3 benches/cuda_gpt.py 2>&1 | tee "$OUT/bench_gpt2_small.log" | tail -4
-    timeout 200 python3 benches/cuda_gpt.py --vocab 256 --microbatches 8 --steps 10 \
-      2>&1 | tee "$OUT/bench_gpt_example.log" | tail -4 ;;
+    timeout 590 python3 benches/gpt2_cuda.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpt2.log" | tail -14 ;;
+  profile)
+    timeout 200 python3 dev/gpt_profile.py 2>&1 | tee "$OUT/profile.log" | head -20 ;;
   tn)
     if [ -f benches/tn_gpu.py ]; then
       # The GPU tests live in one module (the others need h5py, zarr and quimb).

@@ -202,5 +202,6 @@ def main() -> None:
         for line in lines:
             print("    ", line, flush=True)
 
+
 if __name__ == "__main__":
     main()

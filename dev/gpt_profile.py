@@ -1,30 +1,93 @@
-"""Where a cuda training step of GPT-2 small spends its GPU time (torch.profiler)."""
-import sys, tempfile, time
-from pathlib import Path
-import numpy as np, torch
-sys.path.insert(0, "benches")
-from cuda_gpt import GPT
-from sexpgpu.lang import load_experiment_text
-from sexpgpu.ir.compile import compile_run
-from sexpgpu.devices.cuda.device import CudaDevice
-from sexpgpu.runtime.devices import Device
-from torch.profiler import profile, ProfilerActivity
+"""Where a cuda training step of GPT-2 small spends its time (torch.profiler).
 
-text = GPT.format(layers=12, width=768, heads=12, seq=1024, vocab=50257, batch=8, microbatches=1, steps=10, dtype="bf16")
-ex = load_experiment_text(text, "gpt.lisp"); c = compile_run(ex, ex.run())
-prog = CudaDevice("cuda").load(c, Device("cuda", 0))
+    python3 dev/gpt_profile.py [--batch 16]
+
+Prints the step's wall time, the GPU time by kind (matmul, attention, fused
+Triton kernels, other) and what is left of the wall time (launch gaps, host).
+"""
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, "benches")
+from gpt2_cuda import GPT
+
+from sexpgpu.devices.cuda.device import CudaDevice
+from sexpgpu.ir.compile import compile_run
+from sexpgpu.lang import load_experiment_text
+from sexpgpu.runtime.devices import Device
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch", type=int, default=16)
+args = parser.parse_args()
+text = GPT.format(
+    layers=12,
+    width=768,
+    heads=12,
+    seq=1024,
+    vocab=50304,
+    batch=args.batch,
+    microbatches=1,
+    steps=10,
+    dtype="bf16",
+)
+ex = load_experiment_text(text, "gpt.lisp")
+compiled = compile_run(ex, ex.run())
+device = CudaDevice("cuda")
+device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=1)
+prog = device.load(compiled, Device("cuda", 0))
 prog.start(ex.run().optimizer, seed=1, state=None)
 rng = np.random.default_rng(0)
-t = rng.integers(0, 256, (8, 1025)).astype(np.int32)
+t = rng.integers(0, 256, (args.batch, 1025)).astype(np.int32)
 batch = {"tokens": t[:, :-1], "next": t[:, 1:]}
-class Ctx: size = 1; rank = 0
+
+
+class Ctx:
+    size = 1
+    rank = 0
+
+
 def step():
-    prog.accumulate(batch); prog.reduce(Ctx(), 1); prog.update(1e-4, 1.0)
-for _ in range(3): step()
+    prog.accumulate(batch)
+    prog.reduce(Ctx(), 1)
+    prog.update(1e-4, 1.0)
+
+
+for _ in range(3):
+    step()
 torch.cuda.synchronize()
 t0 = time.perf_counter()
-for _ in range(5): step()
-torch.cuda.synchronize(); print("step ms", (time.perf_counter() - t0) / 5 * 1e3)
+for _ in range(10):
+    step()
+torch.cuda.synchronize()
+wall = (time.perf_counter() - t0) / 10 * 1e3
+print(f"step {wall:.1f} ms, {args.batch * 1024 / wall * 1e3:,.0f} tokens/s")
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-    step(); torch.cuda.synchronize()
-print(p.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+    step()
+    torch.cuda.synchronize()
+kinds = defaultdict(float)
+for e in p.key_averages():
+    # Self time: an aten op's own is 0, its kernels carry theirs.
+    gpu = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) / 1e3
+    if gpu <= 0:
+        continue
+    name = e.key.lower()
+    if any(k in name for k in ("gemm", "cutlass", "sm90", "nvjet", "cublas")):
+        kinds["matmul"] += gpu
+    elif "flash" in name or "fmha" in name or "attention" in name:
+        kinds["attention"] += gpu
+    elif name.startswith("triton"):
+        kinds["fused (Triton)"] += gpu
+    else:
+        kinds["other: " + e.key[:50]] += gpu
+total = sum(kinds.values())
+for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
+    print(f"{kind:60s} {ms:8.2f} ms")
+print(f"GPU busy {total:.1f} ms of {wall:.1f} ms wall: gaps and host {wall - total:.1f} ms")
+print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))

@@ -1,0 +1,243 @@
+"""GPT-2 small trained on the cuda device against PyTorch on the same GPU, in one run.
+
+sexpgpu's side is the product's path: the experiment below through
+`prepare_run` and the run loop (data loader, metrics, the device's fused,
+CUDA-graph step). The peers are the same model written in PyTorch (tied
+embedding, learned positions, pre-norm blocks, SDPA attention, tanh gelu)
+under ``torch.autocast`` in bf16 over f32 parameters with
+``torch.optim.AdamW(fused=True)`` and the same clipping: eager,
+``torch.compile`` (default) and ``torch.compile(mode="reduce-overhead")``.
+Each side runs in its own process. Reported per side: tokens per second
+(the median step after `--warmup`), MFU against the bf16 matmul rate
+measured in the same run, the first step's latency (compilation included,
+from the process's start), and the allocator's peak; sexpgpu's also its
+memory plan and its stacking line.
+
+    python benches/gpt2_cuda.py                        # batch 16 and 32, every side
+    python benches/gpt2_cuda.py --batches 16 --sides sexpgpu eager
+
+Results are recorded in benches/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STARTED = time.perf_counter()
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_interpreter import GPT as CPU_GPT  # noqa: E402
+
+GPT = (
+    CPU_GPT.split("(defrun")[0].replace(":seq seq)", ":seq seq :split 0.99)")
+    + """
+(defrun train :model gpt :data text :loss (cross-entropy (gpt tokens) next)
+  :optimizer (adamw :lr 6e-4 :betas [0.9 0.95] :weight-decay 0.1) :clip 1.0
+  :batch {batch} :microbatches {microbatches} :steps {steps} :dtype {dtype} :seed 1)
+"""
+)
+
+
+def sexpgpu_side(args: argparse.Namespace) -> dict:
+    from sexpgpu.train import prepare_run
+    from sexpgpu.train.metrics import read_metrics
+
+    # The step's batch as microbatches of at most 16 rows: stacking chooses how many a call runs.
+    micro = max(1, args.batch // 16)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gpt.lisp"
+        text = GPT.format(**{**vars(args), "batch": args.batch // micro, "microbatches": micro})
+        path.write_text(text)
+        trainer = prepare_run(path, out=Path(tmp) / "run", device="cuda")
+        summary = trainer.run()
+        finished = time.perf_counter()
+        records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
+    all_times = [r["value"] for r in records if r["name"] == "train/step_time_s"]
+    notes = [r["value"] for r in records if r["name"] == "annotation"]
+    peaks = [r["value"] for r in records if r["name"] == "runtime/peak_bytes"]
+    losses = [r["value"] for r in records if r["name"] == "train/loss"]
+    return {
+        "side": "sexpgpu",
+        "step_s": statistics.median(all_times[args.warmup :]),
+        # Everything before the second step began: start-up, plan, compile, first step.
+        "first_step_s": finished - STARTED - sum(all_times[1:]),
+        "peak_bytes": max(peaks),
+        "planned_bytes": trainer.plan.total,
+        "memory": summary.memory,
+        "stacking": next((n for n in notes if n.startswith("stacking")), None),
+        "cuda_graph": any("CUDA graph" in n for n in notes),
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+    }
+
+
+def torch_side(args: argparse.Namespace, mode: str) -> dict:
+    import numpy as np
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            w = args.width
+            self.ln1, self.ln2 = nn.LayerNorm(w), nn.LayerNorm(w)
+            self.qkv, self.o = nn.Linear(w, 3 * w), nn.Linear(w, w)
+            self.up, self.down = nn.Linear(w, 4 * w), nn.Linear(4 * w, w)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, w = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(w, dim=-1)
+            heads = [t.view(b, s, args.heads, w // args.heads).transpose(1, 2) for t in (q, k, v)]
+            y = F.scaled_dot_product_attention(*heads, is_causal=True)
+            x = x + self.o(y.transpose(1, 2).reshape(b, s, w))
+            return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+    class Gpt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Parameter(torch.randn(args.vocab, args.width) * 0.02)
+            self.wpe = nn.Parameter(torch.randn(args.seq, args.width) * 0.02)
+            self.blocks = nn.ModuleList(Block() for _ in range(args.layers))
+            self.ln = nn.LayerNorm(args.width)
+
+        def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cuda", torch.bfloat16):
+                x = F.embedding(tokens, self.wte) + self.wpe[: tokens.shape[1]]
+                for block in self.blocks:
+                    x = block(x)
+                logits = self.ln(x) @ self.wte.T
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    model = Gpt().to(dev)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True
+    )
+    loss_of = model if mode == "eager" else torch.compile(model, mode=mode)
+    rng = np.random.default_rng(0)
+    shape = (args.batch, args.seq + 1)
+    data = [torch.from_numpy(rng.integers(0, 256, shape)).to(dev) for _ in range(4)]
+    times, first = [], None
+    torch.cuda.reset_peak_memory_stats()
+    for step in range(args.steps):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        tokens = data[step % len(data)]
+        loss = loss_of(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        times.append(time.perf_counter() - began)
+        if first is None:
+            first = time.perf_counter() - STARTED
+    return {
+        "side": f"torch {mode}",
+        "step_s": statistics.median(times[args.warmup :]),
+        "first_step_s": first,
+        "peak_bytes": int(torch.cuda.max_memory_allocated()),
+    }
+
+
+def matmul_rate() -> float:
+    """The bf16 matmul rate this GPU reaches (FLOP/s), 8192^3 through cuBLAS."""
+    import torch
+    from triton.testing import do_bench
+
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = do_bench(lambda: a @ b, warmup=50, rep=300)
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def flops_per_token(args: argparse.Namespace) -> float:
+    """Training FLOPs per token: 6 per parameter plus attention's (the PaLM appendix count)."""
+    w, layers = args.width, args.layers
+    params = args.vocab * w + args.seq * w + layers * (12 * w * w + 13 * w) + 2 * w
+    return 6 * params + 12 * layers * w * args.seq
+
+
+def one_side(args: argparse.Namespace) -> dict:
+    if args.side == "sexpgpu":
+        result = sexpgpu_side(args)
+    else:
+        result = torch_side(
+            args, {"eager": "eager", "compile": "default"}.get(args.side, args.side)
+        )
+    result["batch"] = args.batch
+    result["tokens_per_s"] = args.batch * args.seq / result["step_s"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (
+        ("layers", 12),
+        ("width", 768),
+        ("heads", 12),
+        ("seq", 1024),
+        ("vocab", 50304),
+        ("steps", 20),
+        ("warmup", 5),
+        ("timeout", 400),
+    ):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16"])
+    parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
+    sides = ["sexpgpu", "eager", "compile", "reduce-overhead"]
+    parser.add_argument("--sides", nargs="+", default=sides, choices=sides)
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        print("RESULT " + json.dumps(one_side(args)), flush=True)
+        return
+    rate = matmul_rate()
+    per_token = flops_per_token(args)
+    print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s; {per_token / 1e9:.3f} GFLOP per token")
+    common = [f"--{k}={getattr(args, k)}" for k in ("layers", "width", "heads", "seq", "vocab")]
+    common += [f"--steps={args.steps}", f"--warmup={args.warmup}"]
+    rows = []
+    for batch in args.batches:
+        for side in args.sides:
+            cmd = [sys.executable, __file__, f"--side={side}", f"--batch={batch}", *common]
+            try:
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ
+                )
+                lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+                result = json.loads(lines[-1][7:]) if lines else {"error": done.stderr[-800:]}
+            except subprocess.TimeoutExpired:
+                result = {"error": f"timed out after {args.timeout} s"}
+            result.update(side=result.get("side", side), batch=batch)
+            if "tokens_per_s" in result:
+                result["mfu"] = result["tokens_per_s"] * per_token / rate
+            print(json.dumps(result), flush=True)
+            rows.append(result)
+    print("| batch | side | tokens/s | MFU | first step s | peak GiB | vs best peer |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in args.batches:
+        mine = [r for r in rows if r["batch"] == batch and "tokens_per_s" in r]
+        peers = [r["tokens_per_s"] for r in mine if r["side"] != "sexpgpu"]
+        best = max(peers, default=float("nan"))
+        for r in mine:
+            print(
+                f"| {batch} | {r['side']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+                f"{r['first_step_s']:.1f} | {r['peak_bytes'] / 2**30:.1f} | "
+                f"{r['tokens_per_s'] / best:.2f}x |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__vers
 for part in $parts; do
   case $part in
   tests)
-    timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/devices tests/runtime tests/train \
+    timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -x ${TEST_PATHS:-tests/devices tests/runtime tests/train} \
       2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
   smoke)
     # The issue's check: cuda gives the cpu run's losses to bf16 tolerance.

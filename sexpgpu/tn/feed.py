@@ -16,7 +16,7 @@ without peer access upload the whole site each instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from math import prod
 from time import perf_counter
@@ -33,21 +33,26 @@ __all__ = ["read_site", "site_feed"]
 logger = logging.getLogger(__name__)
 
 
-def read_site(stack: Stack, j: int, work: np.dtype) -> list[np.ndarray]:
+def read_site(stack: Stack, j: int, work: np.dtype, check: bool = True) -> list[np.ndarray]:
     """Site ``j`` of every layer on the host, in the work dtype, C-contiguous."""
     # One dtype for every operand keeps the products on their BLAS path.
-    return [np.ascontiguousarray(core, dtype=work) for core in stack.read(j)]
+    return [np.ascontiguousarray(core, dtype=work) for core in stack.read(j, check)]
 
 
 def _prefetched(
-    stack: Stack, order: Sequence[int], work: np.dtype, xp: Backend, upload: bool
+    stack: Stack,
+    order: Sequence[int],
+    work: np.dtype,
+    xp: Backend,
+    upload: bool,
+    checked: Container[int],
 ) -> Iterator[tuple[int, Any]]:
     """``(j, cores)`` in ``order``, the next site read (and uploaded) in a thread."""
     if not order:
         return
 
     def load(j: int) -> Any:
-        cores = read_site(stack, j, work)
+        cores = read_site(stack, j, work, check=j not in checked)
         if upload and isinstance(xp, TorchBackend) and xp.device.is_cuda:
             return [xp.upload_async(c) for c in cores]
         return cores
@@ -69,14 +74,20 @@ def _prefetched(
 
 
 def site_feed(
-    ctx: Context, xp: Backend, stack: Stack, order: Sequence[int], work: np.dtype
+    ctx: Context,
+    xp: Backend,
+    stack: Stack,
+    order: Sequence[int],
+    work: np.dtype,
+    checked: Container[int] = (),
 ) -> Iterator[tuple[int, list[Array]]]:
     """Yield ``(j, cores)`` for the sites in ``order``, the cores on this rank's device.
 
-    Every rank of ``ctx`` iterates the same order; only rank 0 reads.
+    Every rank of ``ctx`` iterates the same order; only rank 0 reads. Sites in
+    ``checked`` were checked for NaN and infinities by an earlier pass.
     """
     single = ctx.size == 1
-    source = _prefetched(stack, order, work, xp, upload=single) if ctx.rank == 0 else None
+    source = _prefetched(stack, order, work, xp, single, checked) if ctx.rank == 0 else None
     try:
         for j in order:
             host = None

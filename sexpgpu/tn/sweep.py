@@ -203,7 +203,9 @@ def _right_to_left(
     # Each output core is copied to the host while the next site computes, and
     # sunk once that site's work is queued: the GPU never waits for the host.
     pending: tuple[int, Callable[[], np.ndarray]] | None = None
-    for j, cores in site_feed(ctx, xp, stack, range(stack.n_sites - 1, -1, -1), job.work):
+    order = range(stack.n_sites - 1, -1, -1)
+    # the left-to-right pass checked every site but the last
+    for j, cores in site_feed(ctx, xp, stack, order, job.work, range(stack.n_sites - 1)):
         if j == 0:
             if ctx.rank == 0:
                 z = right_block(xp, proj, cores)

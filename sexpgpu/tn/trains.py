@@ -72,11 +72,17 @@ class Layer:
         left, right, up, down = dims
         return left, right, up, down
 
-    def read(self, j: int) -> np.ndarray:
-        """Read site ``j`` into memory as a padded ``(l, r, u, d)`` array."""
+    def read(self, j: int, check: bool = True) -> np.ndarray:
+        """Read site ``j`` into memory as a padded ``(l, r, u, d)`` array.
+
+        ``check`` looks for NaN and infinities (a sweep checks each site once).
+        """
         site = self.sites[j]
         core = site if type(site) is np.ndarray else np.asarray(site)
-        if not np.isfinite(core).all():  # sites are read lazily: each is checked as it comes
+        # Sites are read lazily: each is checked as it comes. A sum (one read,
+        # no temporary) is NaN or infinite when any entry is; only then, or on
+        # an overflow, is every entry looked at.
+        if check and not _finite_sum(core) and not np.isfinite(core).all():
             bad = int(core.size - np.count_nonzero(np.isfinite(core)))
             raise ValueError(
                 f"{self.where}, site {j}) holds {bad} NaN or infinite value(s); the result "
@@ -120,9 +126,15 @@ class Stack:
         """Return the padded shapes of every layer at site ``j``."""
         return [layer.shape(j) for layer in self.layers]
 
-    def read(self, j: int) -> list[np.ndarray]:
-        """Read site ``j`` of every layer."""
-        return [layer.read(j) for layer in self.layers]
+    def read(self, j: int, check: bool = True) -> list[np.ndarray]:
+        """Read site ``j`` of every layer (``check``: look for NaN and infinities)."""
+        return [layer.read(j, check) for layer in self.layers]
+
+
+def _finite_sum(core: np.ndarray) -> bool:
+    """Whether the entries' sum is finite (it is not when any entry is not, or on overflow)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(core.sum()))
 
 
 def _shape(site: Any) -> tuple[int, ...]:

@@ -78,10 +78,10 @@ for e in p.key_averages():
     if gpu <= 0:
         continue
     name = e.key.lower()
-    if any(k in name for k in ("gemm", "cutlass", "sm90", "nvjet", "cublas")):
-        kinds["matmul"] += gpu
-    elif "flash" in name or "fmha" in name or "attention" in name:
+    if "flash" in name or "fmha" in name or "attention" in name:
         kinds["attention"] += gpu
+    elif any(k in name for k in ("gemm", "cutlass", "sm90", "nvjet", "cublas")):
+        kinds["matmul"] += gpu
     elif name.startswith("triton"):
         kinds["fused (Triton)"] += gpu
     else:

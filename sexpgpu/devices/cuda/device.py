@@ -115,7 +115,7 @@ class TorchKernels(SummingKernels):
         if self.degree > 1:
             batch = {name: np.stack([b[name] for b in pending]) for name in batch}
         buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
-        self.fused({**batch, **params}, buffers)
+        self.fused({**batch, **params}, buffers, zeros=sums.count == 0)
         self._pending = []
         sums.count += self.degree
         return sums
@@ -224,10 +224,15 @@ class CudaDevice:
             "gradients": params if self.fuse or per_rank > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            "workspace": CUBLAS_WORKSPACE + 3 * largest,
+            # cuBLAS keeps a workspace per stream: the capture's stream is a second one.
+            "workspace": CUBLAS_WORKSPACE * (2 if self._captures() else 1) + 3 * largest,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
+
+    def _captures(self) -> bool:
+        """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""
+        return self.fuse and self.kind == "cuda"
 
     def _stacked(self, compiled: CompiledRun, degree: int) -> Graph:
         """The training graph running `degree` microbatches per call (1: the graph itself)."""

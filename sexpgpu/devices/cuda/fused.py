@@ -213,29 +213,41 @@ class FusedGraph:
             check_ids(node, np.asarray(feeds[fed.name]), _id_range(node))
 
     def __call__(
-        self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]
+        self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor], *, zeros: bool = False
     ) -> dict[str, torch.Tensor]:
         """Run once: `buffers` (one per name in `sums`) grow by this call's outputs.
 
-        The other outputs are returned; after a replay they live in the CUDA
-        graph's memory and are overwritten by the next call.
+        `zeros` says the buffers hold zeros (a step's first call), so a failed
+        call may simply zero them again. The other outputs are returned;
+        after a replay they live in the CUDA graph's memory and are
+        overwritten by the next call.
         """
         self.check_ids(feeds)
         flat = self._flat(feeds, buffers)
         self.calls += 1
         if not self.capture or self.calls == 1:
-            out = self._once(flat, buffers)
+            out = self._once(flat, buffers, zeros)
         else:
             out = self._replay(flat)
         return dict(zip(self.returned, out, strict=True))
 
-    def _once(self, flat: list, buffers: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
-        """A plain call, summing into fresh buffers first.
+    def _once(
+        self, flat: list, buffers: Mapping[str, torch.Tensor], zeros: bool
+    ) -> Sequence[torch.Tensor]:
+        """A plain call.
 
         A call that fails to allocate halfway must leave the caller's sums
-        as they were, so that `sexpgpu.runtime.oom` can retry it.
+        as they were, so that `sexpgpu.runtime.oom` can retry it: buffers
+        known to be zeros are zeroed again, others are summed into through
+        scratch buffers (a copy of every gradient, so only where needed).
         """
         n = len(flat) - len(self.sums)
+        if zeros:
+            try:
+                return self._compiled(*flat)
+            except BaseException:
+                torch._foreach_zero_(list(flat[n:]))
+                raise
         scratch = [torch.zeros_like(b) for b in flat[n:]]
         out = self._compiled(*flat[:n], *scratch)
         if scratch:

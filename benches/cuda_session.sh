@@ -29,6 +29,13 @@ for part in $parts; do
     python3 benches/compare_runs.py /tmp/smoke-cpu /tmp/smoke-cuda 2>&1 | tee "$OUT/smoke_compare.log" ;;
   bench)
     timeout 590 python3 benches/gpt2_cuda.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpt2.log" | tail -14 ;;
+  examples)
+    # The memory plan against the peak on every example, at full size.
+    for ex in mlp gpt; do
+      SEXPGPU_DEVICE=cuda timeout 150 python3 -m sexpgpu run examples/$ex.lisp --steps 30 --out /tmp/ex-$ex \
+        > "$OUT/example_$ex.log" 2>&1
+      grep -E "^(stacking|fused:|memory:)|tok/s" "$OUT/example_$ex.log" | grep -v "^kernel" | tail -6
+    done ;;
   profile)
     timeout 200 python3 dev/gpt_profile.py 2>&1 | tee "$OUT/profile.log" | head -20 ;;
   tn)

@@ -181,7 +181,8 @@ class TrainState:
         assert self._sums is not None, "accumulate() first"
         loss, grads = sum_over_ranks(ctx, self._sums.loss, self._sums.grads)
         self._sums.grads = grads
-        self.xp.divide(list(grads.values()), microbatches)
+        if microbatches != 1:
+            self.xp.divide(list(grads.values()), microbatches)
         return loss / microbatches
 
     def update(self, lr: float, clip: float | None) -> float:

@@ -208,7 +208,20 @@ class CudaDevice:
 
         choice = self._choose(compiled, per_rank, lambda d: plan_at(d).fits)
         self._choices[id(compiled)] = choice
+        if self._captures() and self.first != "cpu":
+            self._dry_call(compiled, choice.degree)
         return plan_at(choice.degree)
+
+    def _dry_call(self, compiled: CompiledRun, degree: int) -> None:
+        """Replace the schedule's estimate of the training live set by the fused call's own."""
+        fused = self._fused_graph(compiled, self.torch.device(self.first), degree)
+        if isinstance(fused, str):
+            return
+        peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
+        if peak is not None:
+            feeds = _fed_param_bytes(fused.graph) + _constant_bytes(fused.graph)
+            evaluation = self._live_set(compiled, degree, evaluation_only=True)
+            self._live[(id(compiled), degree)] = max((peak + feeds, None), evaluation, key=_bytes)
 
     def _parts(
         self, compiled: CompiledRun, degree: int, moments: int, ranks: int, per_rank: int
@@ -245,16 +258,23 @@ class CudaDevice:
             self._stacks[key] = stack_microbatches(compiled.train_graph, degree)
         return self._stacks[key]
 
-    def _live_set(self, compiled: CompiledRun, degree: int = 1) -> tuple[int, Any]:
+    def _live_set(
+        self, compiled: CompiledRun, degree: int = 1, *, evaluation_only: bool = False
+    ) -> tuple[int, Any]:
         """(bytes, node at the peak) of the larger of the training and evaluation graphs.
 
-        Kept per run and degree: the plan and the report both need it.
+        From the op-by-op schedule, until a fused call's own measure replaces
+        the training side (`_dry_call`). Kept per run and degree: the plan
+        and the report both need it.
         """
         from sexpgpu.devices.cuda.executor import TorchGraph
 
+        where = self.torch.device("cpu")  # planning allocates only small constants
+        if evaluation_only:
+            graph = TorchGraph(compiled.eval_graph, where)
+            return graph.planned_peak_bytes, graph.peak_node
         key = (id(compiled), degree)
         if key not in self._live:
-            where = self.torch.device("cpu")  # planning allocates only small constants
             graphs = (self._stacked(compiled, degree), compiled.eval_graph)
             plans = [TorchGraph(g, where) for g in graphs]
             biggest = max(plans, key=lambda p: p.planned_peak_bytes)
@@ -331,10 +351,15 @@ class CudaDevice:
         lines += graph.report_lines()
         lines += self._fused_lines(compiled)
         lines.append(plan.line())
-        _, node = self._live_set(compiled, self._choice(compiled).degree)
+        live, node = self._live_set(compiled, self._choice(compiled).degree)
         if node is not None:
             where = f" at {node.span}" if node.span is not None else ""
             lines.append(f"memory: the live set peaks at {node.op.label}{where}")
+        else:
+            lines.append(
+                f"memory: the live set ({live / 2**20:.1f} MiB) is the fused training call's "
+                "own, from one dry call on zeros before the first step"
+            )
         return lines
 
     def _device_line(self) -> str:
@@ -421,6 +446,10 @@ def _pattern_lines(graph: Graph) -> list[str]:
         f"pattern: {op.label} x{count} from {where}"
         for (op, where), count in sorted(seen.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
     ]
+
+
+def _bytes(live: tuple[int, Any]) -> int:
+    return live[0]
 
 
 def _zero_feeds(graph: Graph, torch: Any, device: Any) -> dict[str, Any]:

@@ -274,6 +274,27 @@ class FusedGraph:
         self._cuda_graph.replay()
         return self._outputs
 
+    def call_peak_bytes(self, feeds: Mapping[str, Any]) -> int | None:
+        """The most bytes one plain call holds beyond its operands (a dry call; GPU only).
+
+        Inductor decides which buffers share memory, so the fused step's live
+        set is read from the allocator over one call on `feeds` before the
+        first step, rather than from the op-by-op schedule. None on the CPU.
+        """
+        if self.device.type != "cuda":
+            return None
+        buffers = {
+            s: torch.zeros(self.graph.outputs[s].shape, dtype=torch.float32, device=self.device)
+            for s in self.sums
+        }
+        flat = self._flat(feeds, buffers)
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._compiled(*flat)
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device)) - base
+
     # ------------------------------------------------------------ report
 
     def report_lines(self) -> list[str]:

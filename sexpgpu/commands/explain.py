@@ -127,7 +127,13 @@ def lowering_report(
     config = RuntimeConfig.from_env(environ, device=device, visible_gpus=visible)
     backend = get_device(device)
     moments = moment_count(run.optimizer)
-    plan = backend.plan(compiled, moments=moments, ranks=config.local_size, memory=config.memory)
+    plan = backend.plan(
+        compiled,
+        moments=moments,
+        ranks=config.local_size,
+        memory=config.memory,
+        microbatches=max(1, run.microbatches // config.world_size),  # as the run plans it
+    )
     lines = backend.report(compiled, plan)
     if not plan.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")

@@ -149,6 +149,9 @@ def test_explain_prints_the_cuda_plan_for_a_named_card(tmp_path: Path, capsys, m
     assert "; pattern: attention x12 from" in out
     assert "; memory: plan " in out and "of 40.0 GiB" in out
     assert "; memory: the live set peaks at" in out
+    # examples/gpt.lisp runs 8 microbatches: the stacking the run would choose, before a GPU.
+    assert "; stacking 8: the cost model's pick" in out
+    assert "; fused: the training graph is compiled on the GPU when a run loads it" in out
     monkeypatch.delenv("SEXPGPU_MEMORY")
     assert main(["explain", str(ROOT / "examples/gpt.lisp"), "--device", "cuda"]) == 1
     assert "error[E-DP-001]: no GPU is visible" in capsys.readouterr().err

@@ -7,6 +7,7 @@ replay a CUDA graph.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,11 @@ MLP = """
 (defrun train :model mlp :data digits :loss (cross-entropy (mlp x) y)
   :optimizer (adamw :lr 1e-2) :batch 16 :steps 4 :seed 3)
 """
+
+
+# Inductor's CPU backend compiles C++; the GPU one generates Triton.
+NEEDS_CXX = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler for Inductor")
+pytestmark = NEEDS_CXX
 
 
 def _device(kind: str):

@@ -149,6 +149,17 @@ def run_src(
 
     names = [f"trains[{i}]" for i in range(len(stack))]
     return run_stack(
-        "src", stack, names, chi, cutoff, oversample, None, seed, device, resources, out,
-        backend=backend, inject=inject,
+        "src",
+        stack,
+        names,
+        chi,
+        cutoff,
+        oversample,
+        None,
+        seed,
+        device,
+        resources,
+        out,
+        backend=backend,
+        inject=inject,
     )

@@ -274,12 +274,14 @@ def _kernel(op: Op, backends: list[str]) -> str:
 def _temporary_bytes(node: Node) -> int:
     """Bytes an op's torch kernels hold only while it runs, beyond its result.
 
-    Cross-entropy and its gradient work on f32 rows: a copy of bf16 logits,
-    and the log-probabilities or probabilities, each ``[rows vocab]`` f32.
+    Op by op, cross-entropy and its gradient work on f32 rows: a copy of bf16
+    logits, and the shifted logits or probabilities, each ``[rows vocab]``
+    f32; the gradient also holds its one-hot rows, as f32, while it subtracts them.
     """
     if node.op in (Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD):
         logits = node.inputs[0]
         copies = 1 if logits.dtype is DType.F32 else 2
+        copies += node.op is Op.CROSS_ENTROPY_GRAD
         return copies * 4 * logits.size
     return 0
 

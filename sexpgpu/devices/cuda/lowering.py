@@ -305,22 +305,28 @@ def _rows(logits: T, targets: T) -> tuple[T, T]:
     return flat, targets.reshape(-1).long()
 
 
-@lowering(Op.CROSS_ENTROPY, kernel="torch.nn.functional.cross_entropy (f32 for bf16)")
+# Both written as a log-sum-exp per row and elementwise work over the row, so
+# that Inductor fuses each into one reduction and one pass over the logits:
+# the [rows vocab] f32 probabilities are never materialized on the fused path.
+
+
+@lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")
 def _cross_entropy(node: Node, logits: T, targets: T) -> T:
     _check_ids(node, targets, logits.shape[-1])
     flat, ids = _rows(logits, targets)
-    loss = F.cross_entropy(flat, ids, reduction="none")
+    picked = flat.gather(1, ids[:, None])[:, 0]
+    loss = torch.logsumexp(flat, dim=-1) - picked
     return loss.reshape(targets.shape).to(torch_dtype(node.dtype))
 
 
-@lowering(Op.CROSS_ENTROPY_GRAD, kernel="aten._softmax + index_put_ (f32 for bf16)")
+@lowering(Op.CROSS_ENTROPY_GRAD, kernel="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
 def _cross_entropy_grad(node: Node, logits: T, targets: T, g: T) -> T:
-    # g * (softmax(logits) - onehot(targets)), row by row.
+    # g * (softmax(logits) - onehot(targets)), row by row; in place where op by op.
     _check_ids(node, targets, logits.shape[-1])
     flat, ids = _rows(logits, targets)
-    probs = torch.softmax(flat, dim=-1)
-    rows = torch.arange(ids.numel(), device=ids.device)
-    probs.index_put_((rows, ids), probs.new_tensor(-1.0), accumulate=True)
+    probs = (flat - torch.logsumexp(flat, dim=-1, keepdim=True)).exp_()
+    classes = torch.arange(flat.shape[1], device=flat.device)
+    probs.sub_((classes == ids[:, None]).to(probs.dtype))
     probs.mul_(g.reshape(-1, 1).to(probs.dtype))
     return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
 

@@ -1,10 +1,11 @@
 """The ``cuda`` device: a `CompiledRun` lowered to PyTorch on one GPU per rank.
 
-`TorchKernels` runs the training, evaluation and activation graphs through
-`sexpgpu.devices.cuda.executor.TorchGraph` (cuBLAS products, SDPA attention,
-fused normalizations and cross-entropy); the rank's parameters, gradient
-buffers and optimizer moments are float32 tensors on the GPU inside a
-`sexpgpu.devices.state.TrainState`. The host sees the loss once per step.
+`CudaDevice` plans a GPU (memory, the stacking degree), reports the
+lowering, and loads each rank's `sexpgpu.devices.cuda.kernels.TorchKernels`
+(the fused training step, the op-by-op evaluation) into a
+`sexpgpu.devices.state.TrainState`: parameters, gradient buffers and
+optimizer moments are float32 tensors on the GPU. The host sees the loss
+once per step.
 
 The same lowering runs on PyTorch's CPU device for the tests
 (``CudaDevice(torch_device="cpu")``): an internal switch, not a device users
@@ -14,25 +15,25 @@ name. torch is imported when the device is made, never before.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sexpgpu.devices.state import SummingKernels, Sums, TrainState
+from sexpgpu.devices.state import TrainState
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun, matmul_flops
+from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import FUSED, Op
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.devices import require_capability
-from sexpgpu.runtime.memory import MemoryPlan, PeakTracker, detect_budget
+from sexpgpu.runtime.memory import MemoryPlan, detect_budget
 
 if TYPE_CHECKING:
     from sexpgpu.devices.cuda.stacking import Choice
 
-__all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "TorchKernels"]
+__all__ = ["CUBLAS_WORKSPACE", "CudaDevice"]
 
 # cuBLAS's workspace on Hopper as PyTorch sizes it (CUBLAS_WORKSPACE_CONFIG :4096:8).
 CUBLAS_WORKSPACE = 32 * 2**20
@@ -49,106 +50,6 @@ def _torch() -> Any:
             hint="pip install 'sexpgpu[cuda]' (a CUDA build of PyTorch), or use --device cpu",
         ) from None
     return torch
-
-
-class TorchKernels(SummingKernels):
-    """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda).
-
-    With `fused`, the training graph runs as a `FusedGraph` (Inductor's
-    kernels, summing into buffers this object owns, a CUDA graph on a GPU);
-    without it, or where the graph is `NotFusable`, op by op.
-    """
-
-    has_activations = True
-
-    def __init__(
-        self,
-        compiled: CompiledRun,
-        device: Any,
-        where: DeviceId,
-        *,
-        fused: Any = None,
-        degree: int = 1,
-    ) -> None:
-        from sexpgpu.devices.cuda.executor import TorchGraph
-
-        self.compiled = compiled
-        self.params = compiled.params
-        self.device = device
-        self._train = TorchGraph(compiled.train_graph, device)
-        self._eval = TorchGraph(compiled.eval_graph, device)
-        self._activations: Any = None
-        self._graph = TorchGraph
-        self._tracker = PeakTracker(where)
-        self.fused = fused
-        self.degree = degree  # microbatches per call of `fused`
-        self._pending: list[Mapping[str, np.ndarray]] = []
-        self._buffers: Sums | None = None
-
-    @property
-    def last_peak_bytes(self) -> int:
-        """The allocator's high-water mark on a GPU; the planned live set on the CPU."""
-        if not self._tracker.device.is_cuda:
-            self._tracker.observe(self._train.planned_peak_bytes)
-        return self._tracker.peak
-
-    def init_params(self, seed: int) -> dict[str, np.ndarray]:
-        return self.compiled.init_params(seed)
-
-    def train_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
-        out = self._train({**batch, **params})
-        return out["loss"], {name: out[GRAD_PREFIX + name] for name in self.params}
-
-    def accumulate(
-        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
-    ) -> Sums:
-        if self.fused is None:
-            return super().accumulate(params, batch, sums)
-        if sums is None:
-            sums = self._zeroed()
-        # Held until `degree` microbatches are here (the degree divides a rank's
-        # microbatches); kept only once the call succeeds, so a retry starts over.
-        pending = [*self._pending, batch]
-        if len(pending) < self.degree:
-            self._pending = pending
-            return sums
-        if self.degree > 1:
-            batch = {name: np.stack([b[name] for b in pending]) for name in batch}
-        buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
-        self.fused({**batch, **params}, buffers, zeros=sums.count == 0)
-        self._pending = []
-        sums.count += self.degree
-        return sums
-
-    def _zeroed(self) -> Sums:
-        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them)."""
-        import torch
-
-        if self._buffers is None:
-            zeros = {
-                k: torch.zeros(info.shape, dtype=torch.float32, device=self.device)
-                for k, info in self.params.items()
-            }
-            self._buffers = Sums(torch.zeros((), dtype=torch.float32, device=self.device), zeros, 0)
-        buffers = self._buffers
-        torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
-        return Sums(buffers.loss, dict(buffers.grads), 0)
-
-    def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
-        out = self._eval({**batch, **params})
-        return out["loss"], out.get("output")
-
-    def activation_rms(
-        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]
-    ) -> dict[str, float]:
-        if self._activations is None:
-            self._activations = self._graph(self.compiled.activation_graph, self.device)
-        out = self._activations({**batch, **params})
-        return {path: float(value) for path, value in out.items()}
-
-    def report_lines(self) -> list[str]:
-        lines = self._train.report_lines()
-        return lines + (self.fused.report_lines() if self.fused is not None else [])
 
 
 class CudaDevice:
@@ -416,6 +317,7 @@ class CudaDevice:
     def load(self, compiled: CompiledRun, where: DeviceId) -> TrainState:
         """A rank's program on GPU `where` (refused below compute capability 8.0)."""
         from sexpgpu.devices.cuda.arrays import TorchOps
+        from sexpgpu.devices.cuda.kernels import TorchKernels
 
         torch = self.torch
         if self.kind == "cuda":

@@ -1,0 +1,120 @@
+"""`TorchKernels`: a run's graphs on one torch device (the `Kernels` of cuda).
+
+The training graph runs as a `sexpgpu.devices.cuda.fused.FusedGraph` where
+it was compiled (Inductor's kernels summing into buffers kept for the run,
+a CUDA graph on a GPU), `degree` microbatches per call; otherwise, and for
+the evaluation and activation graphs, op by op through
+`sexpgpu.devices.cuda.executor.TorchGraph`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from sexpgpu.devices.cuda.executor import TorchGraph
+from sexpgpu.devices.state import SummingKernels, Sums
+from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
+from sexpgpu.runtime.devices import Device as DeviceId
+from sexpgpu.runtime.memory import PeakTracker
+
+__all__ = ["TorchKernels"]
+
+
+class TorchKernels(SummingKernels):
+    """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda).
+
+    With `fused`, the training graph runs as a `FusedGraph` (Inductor's
+    kernels, summing into buffers this object owns, a CUDA graph on a GPU);
+    without it, or where the graph is `NotFusable`, op by op.
+    """
+
+    has_activations = True
+
+    def __init__(
+        self,
+        compiled: CompiledRun,
+        device: Any,
+        where: DeviceId,
+        *,
+        fused: Any = None,
+        degree: int = 1,
+    ) -> None:
+        self.compiled = compiled
+        self.params = compiled.params
+        self.device = device
+        self._train = TorchGraph(compiled.train_graph, device)
+        self._eval = TorchGraph(compiled.eval_graph, device)
+        self._activations: Any = None
+        self._graph = TorchGraph
+        self._tracker = PeakTracker(where)
+        self.fused = fused
+        self.degree = degree  # microbatches per call of `fused`
+        self._pending: list[Mapping[str, np.ndarray]] = []
+        self._buffers: Sums | None = None
+
+    @property
+    def last_peak_bytes(self) -> int:
+        """The allocator's high-water mark on a GPU; the planned live set on the CPU."""
+        if not self._tracker.device.is_cuda:
+            self._tracker.observe(self._train.planned_peak_bytes)
+        return self._tracker.peak
+
+    def init_params(self, seed: int) -> dict[str, np.ndarray]:
+        return self.compiled.init_params(seed)
+
+    def train_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
+        out = self._train({**batch, **params})
+        return out["loss"], {name: out[GRAD_PREFIX + name] for name in self.params}
+
+    def accumulate(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
+    ) -> Sums:
+        if self.fused is None:
+            return super().accumulate(params, batch, sums)
+        if sums is None:
+            sums = self._zeroed()
+        # Held until `degree` microbatches are here (the degree divides a rank's
+        # microbatches); kept only once the call succeeds, so a retry starts over.
+        pending = [*self._pending, batch]
+        if len(pending) < self.degree:
+            self._pending = pending
+            return sums
+        if self.degree > 1:
+            batch = {name: np.stack([b[name] for b in pending]) for name in batch}
+        buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
+        self.fused({**batch, **params}, buffers, zeros=sums.count == 0)
+        self._pending = []
+        sums.count += self.degree
+        return sums
+
+    def _zeroed(self) -> Sums:
+        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them)."""
+        if self._buffers is None:
+            zeros = {
+                k: torch.zeros(info.shape, dtype=torch.float32, device=self.device)
+                for k, info in self.params.items()
+            }
+            self._buffers = Sums(torch.zeros((), dtype=torch.float32, device=self.device), zeros, 0)
+        buffers = self._buffers
+        torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
+        return Sums(buffers.loss, dict(buffers.grads), 0)
+
+    def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
+        out = self._eval({**batch, **params})
+        return out["loss"], out.get("output")
+
+    def activation_rms(
+        self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]
+    ) -> dict[str, float]:
+        if self._activations is None:
+            self._activations = self._graph(self.compiled.activation_graph, self.device)
+        out = self._activations({**batch, **params})
+        return {path: float(value) for path, value in out.items()}
+
+    def report_lines(self) -> list[str]:
+        lines = self._train.report_lines()
+        return lines + (self.fused.report_lines() if self.fused is not None else [])

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,6 +49,10 @@ _ID_OPERANDS = {Op.TAKE: 0, Op.CROSS_ENTROPY: -1, Op.CROSS_ENTROPY_GRAD: -1}
 # Ops that move ids without changing which values occur.
 _SAME_VALUES = (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST_TO)
 _MADE_ONCE = (Op.CONSTANT, Op.IOTA)
+
+
+# Ranks load in their own threads; tracing and Inductor's compile go one at a time.
+_COMPILING = threading.Lock()
 
 
 class NotFusable(Exception):
@@ -109,7 +114,8 @@ class FusedGraph:
         self.inputs = [n for n in leaves.values() if n.op is Op.INPUT]
         self.params = [n.name for n in leaves.values() if n.op is Op.PARAM]
         self.kernels: list[Kernel] = []
-        self._compiled = self._compile(examples)
+        with _COMPILING:
+            self._compiled = self._compile(examples)
         self.capture = self.device.type == "cuda"
         self.captured = False
         self._cuda_graph: Any = None
@@ -262,9 +268,11 @@ class FusedGraph:
         n_in = len(self.inputs)
         addresses = tuple(t.data_ptr() for t in flat[n_in:])
         if self._cuda_graph is None or addresses != self._addresses:
+            self._cuda_graph = self._outputs = None  # the old graph's memory goes first
             self._static = [t.clone() for t in flat[:n_in]]
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # Other ranks' threads keep working on their GPUs while this one captures.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._outputs = list(self._compiled(*self._static, *flat[n_in:]))
             self._cuda_graph, self._addresses, self.captured = graph, addresses, True
             log.debug("captured a CUDA graph of %d kernels", len(self.kernels))

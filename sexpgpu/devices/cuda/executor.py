@@ -162,6 +162,10 @@ class TorchGraph:
             transient=transient,
         )
 
+    def constant(self, node: Node) -> torch.Tensor:
+        """The tensor the plan made once for a CONSTANT or IOTA `node` of the graph."""
+        return self._constants[self._pos[id(node)]]
+
     # ------------------------------------------------------------ run
 
     def __call__(

@@ -88,7 +88,8 @@ class FusedGraph:
     sums
         Outputs added into caller's buffers instead of returned.
     examples
-        Feeds of the right shapes (their values are not read).
+        Feeds of the right shapes: the trace runs the lowering once on them
+        (its ids must lie in their tables; zeros do).
 
     Raises
     ------
@@ -153,8 +154,7 @@ class FusedGraph:
             if source is None:
                 raise NotFusable("ids computed inside the graph are checked only when run eagerly")
             if source.op in _MADE_ONCE:  # known now: checked once, here
-                value = self.eager._constants[self.eager._pos[id(source)]]
-                check_ids(node, value.cpu().numpy(), _id_range(node))
+                check_ids(node, self.eager.constant(source).cpu().numpy(), _id_range(node))
         self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
         buffers = {
             s: torch.zeros(self.graph.outputs[s].shape, dtype=torch.float32, device=self.device)

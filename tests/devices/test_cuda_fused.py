@@ -163,3 +163,30 @@ def test_a_stacked_fused_run_equals_the_interpreter(tmp_path: Path, monkeypatch)
     notes = (tmp_path / "fused" / "metrics.jsonl").read_text()
     # Launches dominate so small a model: the cost model sees 4 per call win clearly.
     assert "stacking 4: the cost model's pick" in notes
+
+
+def test_a_refused_capture_runs_the_step_without_a_cuda_graph(monkeypatch) -> None:
+    compiled = _compiled("mlp")
+    graph = compiled.train_graph
+    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    feeds = _feeds(graph, 0)
+    fused = FusedGraph(
+        graph, torch.device("cpu"), sums=list(graph.outputs), examples={**feeds, **params}
+    )
+
+    def refuse() -> None:
+        raise RuntimeError("capture refused by the driver")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", refuse)
+    fused.capture = True  # as on a GPU: the second call tries to capture
+    buffers = {n: torch.zeros(o.shape) for n, o in graph.outputs.items()}
+    for _ in range(3):
+        fused({**feeds, **params}, buffers)
+    once = {n: torch.zeros(o.shape) for n, o in graph.outputs.items()}
+    fused({**feeds, **params}, once)
+    for name in graph.outputs:
+        torch.testing.assert_close(buffers[name], 3 * once[name], rtol=1e-5, atol=1e-6)
+    assert not fused.captured and not fused.capture
+    assert fused.report_lines()[0].endswith(
+        "no CUDA graph RuntimeError: capture refused by the driver"
+    )

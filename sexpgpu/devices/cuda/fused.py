@@ -119,6 +119,7 @@ class FusedGraph:
             self._compiled = self._compile(examples)
         self.capture = self.device.type == "cuda"
         self.captured = False
+        self.no_capture = "" if self.capture else "on the CPU"  # why there is no CUDA graph
         self._cuda_graph: Any = None
         self._static: list[torch.Tensor] = []
         self._addresses: tuple[int, ...] = ()
@@ -234,7 +235,7 @@ class FusedGraph:
         if not self.capture or self.calls == 1:
             out = self._once(flat, buffers, zeros)
         else:
-            out = self._replay(flat)
+            out = self._replay(flat) if self._ready(flat) else self._once(flat, buffers, zeros)
         return dict(zip(self.returned, out, strict=True))
 
     def _once(
@@ -260,25 +261,36 @@ class FusedGraph:
             torch._foreach_add_([buffers[s] for s in self.sums], scratch)
         return out
 
-    def _replay(self, flat: list) -> Sequence[torch.Tensor]:
-        """Copy the inputs in and replay; (re)capture when the other operands moved.
+    def _ready(self, flat: list) -> bool:
+        """Whether a captured graph over these operands is there, capturing one if need be.
 
-        A replay allocates nothing, so it cannot fail halfway.
+        A capture records kernels without running them, so one the driver
+        refuses changes nothing: the run goes on without a CUDA graph, and
+        the report and the log say why.
         """
         n_in = len(self.inputs)
         addresses = tuple(t.data_ptr() for t in flat[n_in:])
-        if self._cuda_graph is None or addresses != self._addresses:
-            self._cuda_graph = self._outputs = None  # the old graph's memory goes first
-            self._static = [t.clone() for t in flat[:n_in]]
+        if self._cuda_graph is not None and addresses == self._addresses:
+            return True
+        self._cuda_graph, self._outputs = None, []  # the old graph's memory goes first
+        self._static = [t.clone() for t in flat[:n_in]]
+        try:
             graph = torch.cuda.CUDAGraph()
             # Other ranks' threads keep working on their GPUs while this one captures.
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._outputs = list(self._compiled(*self._static, *flat[n_in:]))
-            self._cuda_graph, self._addresses, self.captured = graph, addresses, True
-            log.debug("captured a CUDA graph of %d kernels", len(self.kernels))
-        else:
-            for static, value in zip(self._static, flat[:n_in], strict=True):
-                static.copy_(value)
+        except RuntimeError as error:
+            self.capture, self.no_capture = False, f"{type(error).__name__}: {error}"
+            log.warning("fused step: no CUDA graph (%s); the step runs without one", error)
+            return False
+        self._cuda_graph, self._addresses, self.captured = graph, addresses, True
+        log.debug("captured a CUDA graph of %d kernels", len(self.kernels))
+        return True
+
+    def _replay(self, flat: list) -> Sequence[torch.Tensor]:
+        """Copy the inputs in and replay: nothing is allocated, so nothing fails halfway."""
+        for static, value in zip(self._static, flat[: len(self.inputs)], strict=True):
+            static.copy_(value)
         self._cuda_graph.replay()
         return self._outputs
 
@@ -316,7 +328,7 @@ class FusedGraph:
             first.setdefault((family, forms), kernel.name)
         lines = [
             f"fused: {len(self.kernels)} kernels (Inductor), "
-            f"{'CUDA graph' if self.capture else 'no CUDA graph on the CPU'}"
+            f"{'CUDA graph' if self.capture else 'no CUDA graph ' + self.no_capture}"
         ]
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")

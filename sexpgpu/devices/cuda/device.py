@@ -109,7 +109,8 @@ class CudaDevice:
 
         choice = self._choose(compiled, per_rank, lambda d: plan_at(d).fits)
         self._choices[id(compiled)] = choice
-        if self._captures() and self.first != "cpu":
+        # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
+        if self._captures() and self.first != "cpu" and plan_at(choice.degree).fits:
             self._dry_call(compiled, choice.degree)
         return plan_at(choice.degree)
 

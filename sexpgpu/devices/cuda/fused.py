@@ -163,7 +163,11 @@ class FusedGraph:
         }
         flat = self._flat(examples, buffers)
         self._marks: list[tuple[int, int]] = []
-        gm = make_fx(self._traced, tracing_mode="real")(*flat)
+        try:
+            gm = make_fx(self._traced, tracing_mode="real")(*flat)
+        except torch.OutOfMemoryError as error:  # the trace runs the step op by op once
+            torch.cuda.empty_cache()
+            raise NotFusable(f"the trace ran out of device memory ({error})") from error
         self._name_after_ir(gm)
         try:
             with torch._inductor.config.patch(_provenance()):
@@ -299,7 +303,8 @@ class FusedGraph:
 
         Inductor decides which buffers share memory, so the fused step's live
         set is read from the allocator over one call on `feeds` before the
-        first step, rather than from the op-by-op schedule. None on the CPU.
+        first step, rather than from the op-by-op schedule. None on the CPU,
+        or where the dry call does not fit.
         """
         if self.device.type != "cuda":
             return None
@@ -311,7 +316,11 @@ class FusedGraph:
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
-        self._compiled(*flat)
+        try:
+            self._compiled(*flat)
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return None  # the schedule's estimate stands; the run's own retry takes over
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.max_memory_allocated(self.device)) - base
 

@@ -56,10 +56,6 @@ class ArrayOps(Protocol):
         """A host copy of the device array `x`."""
         ...
 
-    def sqrt(self, x: Any) -> Any:
-        """Elementwise square root (a new array)."""
-        ...
-
     def sum_of_squares(self, xs: Sequence[Any]) -> float:
         """``sum(x * x)`` over all of `xs`, accumulated in float64, as a host number."""
         ...
@@ -108,9 +104,6 @@ class NumpyOps:
 
     def download(self, x: np.ndarray) -> np.ndarray:
         return np.array(x)
-
-    def sqrt(self, x: np.ndarray) -> np.ndarray:
-        return np.sqrt(x)
 
     def sum_of_squares(self, xs: Sequence[np.ndarray]) -> float:
         return sum(float(np.sum(np.square(x, dtype=np.float64))) for x in xs)

@@ -28,9 +28,6 @@ class TorchOps:
     def download(self, x: torch.Tensor) -> np.ndarray:
         return x.detach().to("cpu", copy=True).numpy()
 
-    def sqrt(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sqrt(x)
-
     def sum_of_squares(self, xs: Sequence[torch.Tensor]) -> float:
         if not xs:
             return 0.0

@@ -70,6 +70,7 @@ class CudaDevice:
         gpu = torch_device == "cuda" and self.torch.cuda.is_available()
         # Where the plan and the report look: the first GPU, or the CPU without one.
         self.first = "cuda:0" if gpu and self.torch.cuda.device_count() else "cpu"
+        self.on_gpu = self.first != "cpu"
         # Fused on a GPU; on PyTorch's CPU device only when a test asks (Inductor's
         # C++ compile takes seconds per graph).
         self.fuse = torch_device == "cuda" if fuse is None else fuse
@@ -109,10 +110,12 @@ class CudaDevice:
 
         choice = self._choose(compiled, per_rank, lambda d: plan_at(d).fits)
         self._choices[id(compiled)] = choice
+        plan = plan_at(choice.degree)
         # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
-        if self._captures() and self.first != "cpu" and plan_at(choice.degree).fits:
+        if self._captures() and self.on_gpu and plan.fits:
             self._dry_call(compiled, choice.degree)
-        return plan_at(choice.degree)
+            plan = plan_at(choice.degree)
+        return plan
 
     def _dry_call(self, compiled: CompiledRun, degree: int) -> None:
         """Replace the schedule's estimate of the training live set by the fused call's own."""
@@ -122,7 +125,7 @@ class CudaDevice:
         peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
         if peak is not None:
             feeds = _fed_param_bytes(fused.graph) + _constant_bytes(fused.graph)
-            evaluation = self._live_set(compiled, degree, evaluation_only=True)
+            evaluation = self._eval_live(compiled)
             self._live[(id(compiled), degree)] = max((peak + feeds, None), evaluation, key=_bytes)
 
     def _parts(
@@ -160,27 +163,24 @@ class CudaDevice:
             self._stacks[key] = stack_microbatches(compiled.train_graph, degree)
         return self._stacks[key]
 
-    def _live_set(
-        self, compiled: CompiledRun, degree: int = 1, *, evaluation_only: bool = False
-    ) -> tuple[int, Any]:
+    def _live_set(self, compiled: CompiledRun, degree: int = 1) -> tuple[int, Any]:
         """(bytes, node at the peak) of the larger of the training and evaluation graphs.
 
         From the op-by-op schedule, until a fused call's own measure replaces
         the training side (`_dry_call`). Kept per run and degree: the plan
         and the report both need it.
         """
-        from sexpgpu.devices.cuda.executor import TorchGraph
-
-        where = self.torch.device("cpu")  # planning allocates only small constants
-        if evaluation_only:
-            graph = TorchGraph(compiled.eval_graph, where)
-            return graph.planned_peak_bytes, graph.peak_node
         key = (id(compiled), degree)
         if key not in self._live:
-            graphs = (self._stacked(compiled, degree), compiled.eval_graph)
-            plans = [TorchGraph(g, where) for g in graphs]
-            biggest = max(plans, key=lambda p: p.planned_peak_bytes)
-            self._live[key] = (biggest.planned_peak_bytes, biggest.peak_node)
+            train = _schedule_peak(self._stacked(compiled, degree), self.torch)
+            self._live[key] = max(train, self._eval_live(compiled), key=_bytes)
+        return self._live[key]
+
+    def _eval_live(self, compiled: CompiledRun) -> tuple[int, Any]:
+        """The evaluation graph's (bytes, node at the peak), kept per run."""
+        key = (id(compiled), 0)  # degree 0: the evaluation graph
+        if key not in self._live:
+            self._live[key] = _schedule_peak(compiled.eval_graph, self.torch)
         return self._live[key]
 
     def _choose(self, compiled: CompiledRun, per_rank: int, fits: Callable[[int], bool]) -> Choice:
@@ -206,18 +206,17 @@ class CudaDevice:
             moved = 3 * 4 * compiled.param_count + self._live_set(compiled, d)[0]
             calls, nodes = per_rank // d, len(graph.nodes())
             model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
-        gpu = self.kind == "cuda" and self.first != "cpu"
         text = format_graph(compiled.train_graph, spans=False)
         return choose(
             fitting,
             model_ms,
             key=graph_key(text, self._device_name(), per_rank),
             path=choices_path(),
-            measure=(lambda d: self._measure(compiled, d, per_rank)) if gpu else None,
+            measure=(lambda d: self._measure(compiled, d, per_rank)) if self.on_gpu else None,
         )
 
     def _device_name(self) -> str:
-        if self.first == "cpu":
+        if not self.on_gpu:
             return f"torch-cpu/{self.torch.__version__}"
         return f"{self.torch.cuda.get_device_name(0)}/torch {self.torch.__version__}"
 
@@ -229,9 +228,7 @@ class CudaDevice:
         if isinstance(fused, str):
             return float("inf")
         feeds = _zero_feeds(fused.graph, torch, device)
-        buffers = {
-            name: torch.zeros(fused.graph.outputs[name].shape, device=device) for name in fused.sums
-        }
+        buffers = fused.zero_buffers()
         for _ in range(3):  # a plain call, the capture, a replay
             fused(feeds, buffers)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -266,7 +263,7 @@ class CudaDevice:
 
     def _device_line(self) -> str:
         torch = self.torch
-        if self.first == "cpu":
+        if not self.on_gpu:
             where = "PyTorch's CPU device" if self.kind == "cpu" else "no GPU visible"
             return f"device: cuda lowering on {where} (torch {torch.__version__})"
         major, minor = torch.cuda.get_device_capability(0)
@@ -282,7 +279,7 @@ class CudaDevice:
         lines = [choice.line()]
         if not self.fuse:
             return [*lines, "fused: off (op by op)"]
-        if self.kind == "cuda" and self.first == "cpu":
+        if self.kind == "cuda" and not self.on_gpu:
             return [*lines, "fused: the training graph is compiled on the GPU when a run loads it"]
         fused = self._fused_graph(compiled, self.torch.device(self.first), choice.degree)
         if isinstance(fused, str):
@@ -349,6 +346,14 @@ def _pattern_lines(graph: Graph) -> list[str]:
         f"pattern: {op.label} x{count} from {where}"
         for (op, where), count in sorted(seen.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
     ]
+
+
+def _schedule_peak(graph: Graph, torch: Any) -> tuple[int, Any]:
+    """(bytes, node at the peak) of `graph`'s op-by-op schedule, planned on the CPU."""
+    from sexpgpu.devices.cuda.executor import TorchGraph
+
+    plan = TorchGraph(graph, torch.device("cpu"))  # planning allocates only small constants
+    return plan.planned_peak_bytes, plan.peak_node
 
 
 def _bytes(live: tuple[int, Any]) -> int:

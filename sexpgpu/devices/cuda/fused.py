@@ -126,6 +126,13 @@ class FusedGraph:
         self._outputs: list[torch.Tensor] = []
         self.calls = 0
 
+    def zero_buffers(self) -> dict[str, torch.Tensor]:
+        """Fresh f32 zeros for every summed output (a call's buffers)."""
+        return {
+            s: torch.zeros(self.graph.outputs[s].shape, dtype=torch.float32, device=self.device)
+            for s in self.sums
+        }
+
     # ------------------------------------------------------------ compile
 
     def _flat(self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]) -> list:
@@ -157,11 +164,7 @@ class FusedGraph:
             if source.op in _MADE_ONCE:  # known now: checked once, here
                 check_ids(node, self.eager.constant(source).cpu().numpy(), _id_range(node))
         self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
-        buffers = {
-            s: torch.zeros(self.graph.outputs[s].shape, dtype=torch.float32, device=self.device)
-            for s in self.sums
-        }
-        flat = self._flat(examples, buffers)
+        flat = self._flat(examples, self.zero_buffers())
         self._marks: list[tuple[int, int]] = []
         try:
             gm = make_fx(self._traced, tracing_mode="real")(*flat)
@@ -308,11 +311,7 @@ class FusedGraph:
         """
         if self.device.type != "cuda":
             return None
-        buffers = {
-            s: torch.zeros(self.graph.outputs[s].shape, dtype=torch.float32, device=self.device)
-            for s in self.sums
-        }
-        flat = self._flat(feeds, buffers)
+        flat = self._flat(feeds, self.zero_buffers())
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)

@@ -37,7 +37,10 @@ for part in $parts; do
       grep -E "^(stacking|fused:|memory:)|tok/s" "$OUT/example_$ex.log" | grep -v "^kernel" | tail -6
     done ;;
   profile)
-    timeout 200 python3 dev/gpt_profile.py 2>&1 | tee "$OUT/profile.log" | head -20 ;;
+    for side in ${PROFILE_SIDES:-sexpgpu reduce-overhead}; do
+      timeout 200 python3 dev/gpt_profile.py --side $side > "$OUT/profile_$side.log" 2>&1
+      head -16 "$OUT/profile_$side.log"
+    done ;;
   tn)
     if [ -f benches/tn_gpu.py ]; then
       # The GPU tests live in one module (the others need h5py, zarr and quimb).

@@ -78,8 +78,8 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
     }
 
 
-def torch_side(args: argparse.Namespace, mode: str) -> dict:
-    import numpy as np
+def torch_step(args: argparse.Namespace, mode: str):
+    """The peer's step on the GPU, ``step(tokens) -> loss``; `mode` "eager" or torch.compile's."""
     import torch
     from torch import nn
     from torch.nn import functional as F
@@ -124,21 +124,32 @@ def torch_side(args: argparse.Namespace, mode: str) -> dict:
         model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True
     )
     loss_of = model if mode == "eager" else torch.compile(model, mode=mode)
-    rng = np.random.default_rng(0)
-    shape = (args.batch, args.seq + 1)
-    data = [torch.from_numpy(rng.integers(0, 256, shape)).to(dev) for _ in range(4)]
-    times, first = [], None
-    torch.cuda.reset_peak_memory_stats()
-    for step in range(args.steps):
-        torch.cuda.synchronize()
-        began = time.perf_counter()
-        tokens = data[step % len(data)]
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
         loss = loss_of(tokens[:, :-1], tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss.item()
+        return loss
+
+    return step
+
+
+def torch_side(args: argparse.Namespace, mode: str) -> dict:
+    import numpy as np
+    import torch
+
+    step = torch_step(args, mode)
+    rng = np.random.default_rng(0)
+    shape = (args.batch, args.seq + 1)
+    data = [torch.from_numpy(rng.integers(0, 256, shape)).to("cuda") for _ in range(4)]
+    times, first = [], None
+    torch.cuda.reset_peak_memory_stats()
+    for i in range(args.steps):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        step(data[i % len(data)]).item()
         times.append(time.perf_counter() - began)
         if first is None:
             first = time.perf_counter() - STARTED

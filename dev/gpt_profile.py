@@ -1,9 +1,11 @@
 """Where a cuda training step of GPT-2 small spends its time (torch.profiler).
 
-    python3 dev/gpt_profile.py [--batch 16]
+    python3 dev/gpt_profile.py [--batch 16] [--side sexpgpu|reduce-overhead|default|eager]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
-Triton kernels, other) and what is left of the wall time (launch gaps, host).
+Triton kernels, other), what is left of the wall time (launch gaps, host),
+and the kernels that took longest. `--side` profiles the peer of
+benches/gpt2_cuda.py (the same model in PyTorch) instead.
 """
 
 import argparse
@@ -16,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "benches")
-from gpt2_cuda import GPT
+from gpt2_cuda import GPT, torch_step
 
 from sexpgpu.devices.cuda.device import CudaDevice
 from sexpgpu.ir.compile import compile_run
@@ -25,27 +27,11 @@ from sexpgpu.runtime.devices import Device
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch", type=int, default=16)
+parser.add_argument("--side", default="sexpgpu")
 args = parser.parse_args()
-text = GPT.format(
-    layers=12,
-    width=768,
-    heads=12,
-    seq=1024,
-    vocab=50304,
-    batch=args.batch,
-    microbatches=1,
-    steps=10,
-    dtype="bf16",
-)
-ex = load_experiment_text(text, "gpt.lisp")
-compiled = compile_run(ex, ex.run())
-device = CudaDevice("cuda")
-device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=1)
-prog = device.load(compiled, Device("cuda", 0))
-prog.start(ex.run().optimizer, seed=1, state=None)
+shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
 rng = np.random.default_rng(0)
 t = rng.integers(0, 256, (args.batch, 1025)).astype(np.int32)
-batch = {"tokens": t[:, :-1], "next": t[:, 1:]}
 
 
 class Ctx:
@@ -53,10 +39,27 @@ class Ctx:
     rank = 0
 
 
-def step():
-    prog.accumulate(batch)
-    prog.reduce(Ctx(), 1)
-    prog.update(1e-4, 1.0)
+if args.side == "sexpgpu":
+    text = GPT.format(**shape, batch=args.batch, microbatches=1, steps=10, dtype="bf16")
+    ex = load_experiment_text(text, "gpt.lisp")
+    compiled = compile_run(ex, ex.run())
+    device = CudaDevice("cuda")
+    device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=1)
+    prog = device.load(compiled, Device("cuda", 0))
+    prog.start(ex.run().optimizer, seed=1, state=None)
+    batch = {"tokens": t[:, :-1], "next": t[:, 1:]}
+
+    def step():
+        prog.accumulate(batch)
+        prog.reduce(Ctx(), 1)
+        prog.update(1e-4, 1.0)
+
+else:
+    peer = torch_step(argparse.Namespace(**shape), args.side)
+    tokens = torch.from_numpy(t.astype(np.int64)).to("cuda")
+
+    def step():
+        peer(tokens).item()
 
 
 for _ in range(3):
@@ -90,4 +93,7 @@ total = sum(kinds.values())
 for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
     print(f"{kind:60s} {ms:8.2f} ms")
 print(f"GPU busy {total:.1f} ms of {wall:.1f} ms wall: gaps and host {wall - total:.1f} ms")
-print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+rows = p.key_averages()
+print(rows.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=80))
+if args.side == "sexpgpu":  # which IR nodes each kernel above covers
+    print("\n".join(prog.kernels.report_lines()))

@@ -23,7 +23,7 @@ from ir_opcheck import _graph
 from test_ops import CASES
 
 from sexpgpu.devices.cpu import run
-from sexpgpu.devices.cuda.attention import BACKENDS
+from sexpgpu.devices.cuda.attention import BACKENDS, sdpa_forward
 from sexpgpu.devices.cuda.executor import TorchGraph, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import LOWERING_EXEMPT, LOWERINGS
 from sexpgpu.errors import SexpgpuError
@@ -137,6 +137,16 @@ def test_cpu_attention_backends(backend: str) -> None:
         attention_backend=backend,
     )
     assert set(program.attention_backends().values()) == {backend}
+
+
+def test_a_refusing_backend_falls_to_the_next_and_says_why() -> None:
+    # On the CPU the CUDA kernels refuse: cudnn goes to flash, which goes to math.
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    out, aux = sdpa_forward(q, k, v, True, 0.5, "cudnn")
+    assert aux.backend == "math"
+    assert aux.fallback.startswith("cudnn refused") and "; flash refused" in aux.fallback
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
+    torch.testing.assert_close(out, expected)
 
 
 @pytest.mark.gpu

@@ -181,27 +181,47 @@ def _rtl_elements(
     root: bool,
     hold_z: bool,
     tile_work: int,
+    wide: int,
 ) -> int:
     lefts, rights, ud, cores = _site_sizes(stack, j)
     e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
     rows = e * ud
     c = min(size, rows, caps[j - 1]) if j > 0 else 1
     held = 2 * cores + cols * lefts + e * rights + rows * cols + 2 * c * lefts
-    if root:  # the gathered sketch, its Q and R
-        held += 2 * rows * size + size * size + c * rows
+    if root:  # the gathered sketch, kept until its QR is checked
+        held += rows * size + _qr_elements(rows, size, c, wide)
     # a tile of intermediates makes Z's blocks; held, they stay for the projection
     return held + tile_work + (rows * lefts if hold_z else 0)
 
 
+def _qr_elements(rows: int, size: int, c: int, wide: int) -> int:
+    """Beside the sketch: the larger of its CholeskyQR2 and of ``Q``, the core and ``Q^H``.
+
+    CholeskyQR2 (`sexpgpu.tn.cholqr`) holds a widened copy of the sketch,
+    ``Q1`` and ``Q2`` and four Gram-sized matrices (``R``, an SVD's ``U``
+    beside them), each ``wide`` elements of the work dtype apiece (2 when a
+    single-precision sketch is factored in double). Householder QR, its
+    fallback, runs after those are freed and needs less.
+    """
+    copy = wide if wide > 1 else 0
+    factor = (copy + 2 * wide) * rows * size + (4 * wide + 2) * size * size
+    return max(factor, 3 * c * rows)
+
+
 def _working_set(
-    stack: Stack, size: int, blocks: Sequence[tuple[int, int]], tile_work: int, hold_z: bool
+    stack: Stack,
+    size: int,
+    blocks: Sequence[tuple[int, int]],
+    tile_work: int,
+    hold_z: bool,
+    wide: int,
 ) -> int:
     """Elements the busiest rank holds at once, environments in store not counted."""
     caps = cut_ranks(stack)
     cols = max(hi - lo for lo, hi in blocks)
     ltr = max(_ltr_elements(stack, j, cols, tile_work) for j in range(stack.n_sites - 1))
     rtl = max(
-        _rtl_elements(stack, j, size, cols, caps, True, hold_z, tile_work)
+        _rtl_elements(stack, j, size, cols, caps, True, hold_z, tile_work, wide)
         for j in range(stack.n_sites)
     )
     return max(ltr, rtl)
@@ -222,6 +242,11 @@ def _host_working_set(stack: Stack, size: int, item: int) -> int:
         # an output core in page-locked memory and its copy out (`Backend.download`)
         per_site.append(3 * read + 2 * out + size * ud * 16)
     return max(per_site)
+
+
+def _qr_widening(work: np.dtype) -> int:
+    """2 where the sketch's QR runs in double for a single-precision ``work`` (`.cholqr`)."""
+    return 2 if np.finfo(work).bits < 64 else 1
 
 
 def _memory_error(what: str, need: int, budget: int, name: str, source: str) -> MemoryError:
@@ -247,7 +272,8 @@ def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budg
     tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
     tile_work = tile * per_line
     blocks = column_blocks(size, ranks)
-    lean = _working_set(stack, size, blocks, tile_work, hold_z=False) * item
+    wide = _qr_widening(work)
+    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item
     host_work = _host_working_set(stack, size, item)
     device_budget = budgets.device
     if budgets.shared:
@@ -265,7 +291,7 @@ def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budg
         )
     if not budgets.shared and host_work > budgets.host:
         raise _memory_error("host", host_work, budgets.host, budgets.host_name, "host memory")
-    full = _working_set(stack, size, blocks, tile_work, hold_z=True) * item
+    full = _working_set(stack, size, blocks, tile_work, True, wide) * item
     hold_z = full <= device_budget
     work_device = full if hold_z else lean
     tiers, env_bytes = _tiers(stack, blocks, item, device_budget - work_device, budgets, host_work)
@@ -322,5 +348,5 @@ def minimum_budgets(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> 
     per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
     tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
     blocks = column_blocks(size, ranks)
-    lean = _working_set(stack, size, blocks, tile * per_line, hold_z=False) * item
+    lean = _working_set(stack, size, blocks, tile * per_line, False, _qr_widening(work)) * item
     return lean, _host_working_set(stack, size, item)

@@ -12,6 +12,7 @@ carries the compressed right part::
     Z_j = cores_j . S_{j+1}          (e, u, d, l..)
     Y_j = Z_j C_j^T                  (e u d, s)       the sketch
     Q_j = qr(Y_j)                    output core j = Q_j^T as (c, e, u, d)
+                                     (CholeskyQR2 on PyTorch, checked; see `basis`)
     S_j = conj(core_j) Z_j           (c, l..)
 
 and the first core is ``Z_0`` itself. The result is right-canonical.
@@ -177,20 +178,32 @@ def _sketch_width(job: SweepJob, rank: int, cap: int) -> int:
     return hi - lo
 
 
-def basis(xp: Backend, sketch: Array, cutoff: float, cap: int) -> Array:
+def basis(
+    xp: Backend, sketch: Array, cutoff: float, cap: int, exact: bool = False
+) -> tuple[Array, Array | None]:
     """An orthonormal basis of the sketch's range, cut at ``cutoff * sigma_max``.
 
     ``cap`` bounds the rank the sketch can have (the bond left of the cut); a
-    basis wider than that would only span rounding noise.
+    basis wider than that would only span rounding noise. The QR is
+    `Backend.gemm_qr` (CholeskyQR2 on PyTorch), or Householder's when
+    ``exact``. Returns the basis and a device flag, set when the GEMM QR
+    failed: the caller reads it (`Backend.flag`) once the next work is
+    queued, and on failure calls again with ``exact``.
     """
-    q, r = xp.qr(sketch)
-    if cutoff <= 0 and cap >= q.shape[1]:
-        return q
+    narrow = cutoff <= 0 and cap >= min(sketch.shape)
+    if exact:
+        (q, r), failed = xp.qr(sketch), None
+    else:
+        q, r, failed = xp.gemm_qr(sketch, with_r=not narrow)
+    if narrow:
+        return q, failed
+    if xp.flag(failed)():  # read now: the SVD below waits for the device anyway
+        q, r = xp.qr(sketch)
     u, sv, _ = xp.svd(r)
     rank = min(cap, sv.size)
     if cutoff > 0:
         rank = min(rank, max(1, int(np.count_nonzero(sv >= cutoff * sv[0]))))
-    return xp.dot(q, xp.contiguous(u[:, :rank]))
+    return xp.dot(q, xp.contiguous(u[:, :rank])), None
 
 
 def _right_to_left(
@@ -268,17 +281,32 @@ def _rtl_step(
     del parts
     sketches = ctx.gather(y_mine, root=0)
     del y_mine
-    chunks, download = None, None
-    if ctx.rank == 0:
-        q = basis(xp, xp.concat(sketches, axis=1), job.cutoff, cap)  # (e u d, c)
-        del sketches
-        core = xp.contiguous(xp.permute(q, (1, 0))).reshape(-1, e, up, down)  # (c, e, u, d)
-        download = xp.download(core)
-        qh = xp.adjoint(q)  # (c, e u d)
-        chunks = [qh[lo:hi] for lo, hi in column_blocks(qh.shape[0], ctx.size)]
-    qh_mine = ctx.scatter(chunks, root=0)  # (c_r, e u d)
-    mine = _project(xp, job, state, qh_mine, proj, held, blocks, ud, z_of, what)
-    full = xp.concat(ctx.allgather(mine))  # (c, l..)
+    sketch = xp.concat(sketches, axis=1) if ctx.rank == 0 else None  # (e u d, s)
+    del sketches
+
+    def finish(exact: bool) -> tuple[Array, Callable[[], np.ndarray] | None, Callable[[], bool]]:
+        """The basis, its output core's download, ``S_j`` on every rank, the QR's check."""
+        download, failed, chunks = None, xp.flag(None), None
+        if ctx.rank == 0:
+            q, flag = basis(xp, sketch, job.cutoff, cap, exact)  # (e u d, c)
+            failed = xp.flag(flag)  # its copy to the host is queued before the projection
+            core = xp.contiguous(xp.permute(q, (1, 0))).reshape(-1, e, up, down)  # (c, e, u, d)
+            download = xp.download(core)
+            qh = xp.adjoint(q)  # (c, e u d)
+            chunks = [qh[lo:hi] for lo, hi in column_blocks(qh.shape[0], ctx.size)]
+            del q, core, qh
+        qh_mine = ctx.scatter(chunks, root=0)  # (c_r, e u d)
+        mine = _project(xp, job, state, qh_mine, proj, held, blocks, ud, z_of, what)
+        return xp.concat(ctx.allgather(mine)), download, failed  # (c, l..)
+
+    full, download, failed = finish(exact=False)
+    # Read with the projection queued behind the QR, so the device keeps busy;
+    # rank 0 decides for every rank.
+    if ctx.broadcast(failed() if ctx.rank == 0 else None, root=0):
+        logger.debug("rank %d: site %d: CholeskyQR2 failed; Householder QR", ctx.rank, j)
+        if download is not None:
+            download()  # the discarded core's copy is done before its buffer goes
+        full, download, _ = finish(exact=True)
     logger.debug("rank %d: right-to-left: site %d, bond %d", ctx.rank, j, full.shape[0])
     return full.reshape(-1, *lefts), download
 

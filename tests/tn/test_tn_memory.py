@@ -155,7 +155,8 @@ def test_out_must_be_a_group_or_a_path():
 
 
 def test_large_in_memory_inputs_warn_and_name_the_lazy_alternatives(caplog):
-    stack = make_stack("OS", 12, np.random.default_rng(2), chi=8, bond=3)
+    # long enough that the inputs outweigh half of one site's working set
+    stack = make_stack("OS", 24, np.random.default_rng(2), chi=8, bond=3)
     with caplog.at_level(logging.WARNING, logger="sexpgpu.tn"):
         src(*stack, chi_out=4, seed=0, resources=Resources(host_memory=_least(stack, 4)))
     assert "np.memmap" in caplog.text and "h5py or zarr" in caplog.text

@@ -1,6 +1,6 @@
 """Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
 
-Three parts, each printed as it is measured:
+Four parts, each printed as it is measured:
 
 1. ``pieces``: the rates of what one site of the sweep is made of, at the
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
@@ -10,8 +10,11 @@ Three parts, each printed as it is measured:
    under torch.profiler, GPU time by kernel, with sexpgpu.tn's pass times.
 3. ``variants``: wall time of sexpgpu.tn under staging threads and tile
    sizes, against src-method in the same process.
+4. ``qr``: the QR of a ``(4 chi, chi)`` sketch: Householder (cuSOLVER) against
+   sexpgpu.tn's CholeskyQR2 and two variants of it, with their orthogonality,
+   and CholeskyQR2's pieces.
 
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tn_gpu import perturbed_identity, random_mpo
 
 import sexpgpu.tn as tn
 import sexpgpu.tn.backend as backend
+import sexpgpu.tn.cholqr as cholqr
 import sexpgpu.tn.plan as plan
 from sexpgpu.runtime.devices import Device
 
@@ -86,6 +90,8 @@ def pieces(chi: int) -> None:
         y = torch.randn(4 * chi, chi, dtype=dtype, device=dev)
         t = clock(lambda y=y: torch.linalg.qr(y))
         print(f"qr       {dtype} {4 * chi}x{chi}: {t * 1e3:8.2f} ms")
+        t = clock(lambda y=y: cholqr.cholesky_qr2(y, with_r=False))
+        print(f"cqr2     {dtype} {4 * chi}x{chi}: {t * 1e3:8.2f} ms")
         r = torch.linalg.qr(y)[1]
         drivers = (None, "gesvd", "gesvdj", "gesvda") if dtype == torch.complex128 else (None,)
         for driver in drivers:
@@ -97,6 +103,62 @@ def pieces(chi: int) -> None:
         host = r.cpu().numpy()
         t = clock(lambda h=host: np.linalg.svd(h, full_matrices=False), 1)
         print(f"host svd {dtype} {chi}x{chi} (numpy): {t * 1e3:8.2f} ms")
+
+
+def _cqr2_inverse(y):
+    """CholeskyQR2 with R^{-1} formed once and applied by a GEMM (the alternative to a TRSM)."""
+    x = y.to(cholqr._wider(y.dtype))
+    for _ in range(2):
+        r, _info = torch.linalg.cholesky_ex(x.mH @ x, upper=True)
+        eye = torch.eye(r.shape[0], dtype=r.dtype, device=r.device)
+        x = x @ torch.linalg.solve_triangular(r, eye, upper=True)
+    return x.to(y.dtype)
+
+
+def _cqr2_native(y):
+    """CholeskyQR2 in the sketch's own precision (what the double Gram matrix replaces)."""
+    x = y
+    for _ in range(2):
+        r, _info = torch.linalg.cholesky_ex(x.mH @ x, upper=True)
+        x = torch.linalg.solve_triangular(r, x, upper=True, left=False)
+    return x
+
+
+def qr(chi: int) -> None:
+    """Householder QR of a (4 chi, chi) sketch against the CholeskyQR2 variants."""
+    dev = torch.device("cuda")
+    m, n = 4 * chi, chi
+    print(f"## qr of a {m}x{n} sketch (kappa 1e3), median of 20")
+    for dtype in (torch.complex128, torch.complex64):
+        u, _ = torch.linalg.qr(torch.randn(m, n, dtype=torch.complex128, device=dev))
+        v, _ = torch.linalg.qr(torch.randn(n, n, dtype=torch.complex128, device=dev))
+        s = torch.logspace(0, -3, n, dtype=torch.float64, device=dev)
+        y = ((u * s) @ v.mH).to(dtype)
+        wide = y.to(cholqr._wider(dtype))
+        gram = wide.mH @ wide
+        r = torch.linalg.cholesky_ex(gram, upper=True)[0]
+        rows = {
+            "householder (torch.linalg.qr)": lambda y=y: torch.linalg.qr(y)[0],
+            "cholesky_qr2 (sexpgpu.tn)": lambda y=y: cholqr.cholesky_qr2(y, with_r=False)[0],
+            "cholesky_qr2, R^-1 by GEMM": lambda y=y: _cqr2_inverse(y),
+            "cholesky_qr2 in own precision": lambda y=y: _cqr2_native(y),
+        }
+        for name, fn in rows.items():
+            t = clock(fn, 20)
+            q = fn().to(torch.complex128)
+            eye = torch.eye(n, dtype=q.dtype, device=dev)
+            ortho = torch.linalg.matrix_norm(q.mH @ q - eye).item()
+            print(f"qr       {dtype} {name:32s} {t * 1e3:8.2f} ms  ||Q^H Q - I||_F {ortho:.1e}")
+        parts = {
+            "  gram (double)": lambda w=wide: w.mH @ w,
+            "  cholesky_ex (double)": lambda g=gram: torch.linalg.cholesky_ex(g, upper=True),
+            "  solve_triangular (double)": lambda w=wide, r=r: torch.linalg.solve_triangular(
+                r, w, upper=True, left=False
+            ),
+            "  flag to host (sync)": lambda y=y: bool(cholqr.cholesky_qr2(y, with_r=False)[2]),
+        }
+        for name, fn in parts.items():
+            print(f"qr       {dtype} {name:32s} {clock(fn, 20) * 1e3:8.2f} ms")
 
 
 class Passes(logging.Handler):
@@ -162,7 +224,7 @@ def main() -> None:
     parser.add_argument("--profile-sites", type=int, default=20)
     parser.add_argument("--profile-chi", type=int, default=500)
     parser.add_argument("--variant-sites", type=int, default=25)
-    parser.add_argument("--parts", nargs="+", default=["pieces", "profile", "variants"])
+    parser.add_argument("--parts", nargs="+", default=["pieces", "profile", "variants", "qr"])
     args = parser.parse_args()
     passes = Passes()
     logger = logging.getLogger("sexpgpu.tn")
@@ -175,6 +237,8 @@ def main() -> None:
         profile(args.profile_sites, args.profile_chi, passes)
     if "variants" in args.parts:
         variants(args.variant_sites, args.chi, passes)
+    if "qr" in args.parts:
+        qr(args.chi)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ __all__ = ["NUMPY", "AdamWStep", "ArrayOps", "NumpyOps"]
 
 @dataclass(frozen=True)
 class AdamWStep:
-    """One AdamW update's numbers (step is 1-based), as ``torch.optim.AdamW``."""
+    """One AdamW update's numbers (step is 1-based), as ``torch.optim.AdamW``.
+
+    The gradients enter multiplied by `grad_scale` (the clipping factor).
+    """
 
     lr: float
     beta1: float
@@ -31,6 +34,7 @@ class AdamWStep:
     eps: float
     weight_decay: float
     step: int
+    grad_scale: float = 1.0
 
     @property
     def step_size(self) -> float:
@@ -82,7 +86,7 @@ class ArrayOps(Protocol):
     ) -> None:
         """One AdamW update of `params` and its moments `m`, `v`, in place.
 
-        Per parameter p with gradient g (decay applies when ``weight_decay``
+        Per parameter p with gradient g (times ``grad_scale``; decay applies when ``weight_decay``
         is not 0; the caller passes the decayed and the other parameters in
         separate calls)::
 
@@ -127,6 +131,8 @@ class NumpyOps:
         v: Sequence[np.ndarray],
         step: AdamWStep,
     ) -> None:
+        if step.grad_scale != 1.0:
+            self.multiply(grads, step.grad_scale)
         b1, b2, wd = step.beta1, step.beta2, step.weight_decay
         step_size, root_bc2 = step.step_size, step.root_bc2
         for p, g, mk, vk in zip(params, grads, m, v, strict=True):

@@ -34,6 +34,7 @@ __all__ = [
     "Optimizer",
     "Sgd",
     "clip_by_global_norm",
+    "clip_scale",
     "global_norm",
     "make_optimizer",
     "moment_count",
@@ -110,8 +111,12 @@ class Optimizer:
         """The peak learning rate (the schedule scales it)."""
         return float(self.options["lr"])
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float) -> None:
-        """Update `params` in place with `grads` at learning rate `lr`."""
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: float = 1.0) -> None:
+        """Update `params` in place with `grads` times `scale` at learning rate `lr`.
+
+        `scale` is the clipping factor (`clip_scale`): an optimizer may fold it
+        into its own kernels instead of a pass over the gradients.
+        """
         raise NotImplementedError
 
     def tensors(self) -> Arrays:
@@ -142,7 +147,9 @@ class Sgd(Optimizer):
     defaults: ClassVar[Mapping[str, Any]] = {"lr": 0.01, "momentum": 0.0, "nesterov": False}
     moments: ClassVar[tuple[str, ...]] = ("momentum",)
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float) -> None:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: float = 1.0) -> None:
+        if scale != 1.0:
+            self.xp.multiply(list(grads.values()), scale)
         mu = float(self.options["momentum"])
         nesterov = bool(self.options["nesterov"])
         self.steps += 1
@@ -175,7 +182,7 @@ class AdamW(Optimizer):
     }
     moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float) -> None:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: float = 1.0) -> None:
         b1, b2 = (float(b) for b in self.options["betas"])
         eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
         self.steps += 1
@@ -183,7 +190,7 @@ class AdamW(Optimizer):
         # Decayed and plain parameters in one call each, in the parameters' order.
         for decays in (True, False):
             keys = [k for k in params if bool(wd and self.decay.get(k, True)) is decays]
-            numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, self.steps)
+            numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, self.steps, scale)
             self.xp.adamw(
                 [params[k] for k in keys],
                 [grads[k] for k in keys],
@@ -216,14 +223,23 @@ def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
     return math.sqrt(xp.sum_of_squares(list(grads.values())))
 
 
-def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = NUMPY) -> float:
-    """Scale `grads` in place so their global norm is at most `max_norm`.
+def clip_scale(norm: float, max_norm: float | None) -> float:
+    """The factor that brings a global norm `norm` to at most `max_norm` (1.0 if it is).
 
-    As ``torch.nn.utils.clip_grad_norm_``: the factor is
-    ``min(1, max_norm / (norm + 1e-6))``. Returns the norm before clipping.
+    As ``torch.nn.utils.clip_grad_norm_``: ``min(1, max_norm / (norm + 1e-6))``.
+    """
+    if max_norm is None:
+        return 1.0
+    return min(1.0, float(max_norm) / (norm + 1e-6))
+
+
+def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = NUMPY) -> float:
+    """Scale `grads` in place so their global norm is at most `max_norm` (`clip_scale`).
+
+    Returns the norm before clipping.
     """
     norm = global_norm(grads, xp)
-    scale = max_norm / (norm + 1e-6)
+    scale = clip_scale(norm, max_norm)
     if scale < 1.0:
         xp.multiply(list(grads.values()), scale)
     return norm

@@ -56,6 +56,10 @@ class TorchOps:
             return
         # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all.
         steps = [torch.tensor(float(step.step), device=self.device)] * len(params)
+        # The kernel divides each gradient by `grad_scale` as it reads it.
+        divisor = None
+        if step.grad_scale != 1.0:
+            divisor = torch.full((), 1.0 / step.grad_scale, device=self.device)
         torch._fused_adamw_(
             list(params),
             list(grads),
@@ -70,6 +74,7 @@ class TorchOps:
             eps=step.eps,
             amsgrad=False,
             maximize=False,
+            grad_scale=divisor,
         )
 
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:

@@ -33,16 +33,27 @@ import sexpgpu.tn as tn
 
 
 class PlanLog(logging.Handler):
-    """Keeps the plan and peak lines of the last sexpgpu.tn call."""
+    """Keeps the plan, peak and pass-time lines of the last sexpgpu.tn call.
+
+    Also counts the sites whose CholeskyQR2 failed and were redone by
+    Householder QR (each costs both).
+    """
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.lines: list[str] = []
+        self.fallbacks = 0
+
+    def clear(self) -> None:
+        self.lines.clear()
+        self.fallbacks = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
-        if text.startswith(("SRC plan", "SRC peaks")):
+        if text.startswith(("SRC plan", "SRC peaks")) or "pass:" in text:
             self.lines.append(text)
+        elif "CholeskyQR2 failed" in text:
+            self.fallbacks += 1
 
 
 def random_mpo(n: int, chi: int, rng: np.random.Generator, dtype: str) -> list[np.ndarray]:
@@ -147,7 +158,7 @@ def run_case(n, chi, dtype, reps, exact, resources, log):
     ours(), theirs()  # warm-up
     ours_times, theirs_times = [], []
     for _ in range(reps):
-        log.lines.clear()
+        log.clear()
         t, x = timed(ours, 1)
         ours_times.append(t)
         t, y = timed(theirs, 1)
@@ -165,6 +176,7 @@ def run_case(n, chi, dtype, reps, exact, resources, log):
         norm = inner([a, b], [a, b]).real  # the exact product's, once for both
         row["error sexpgpu.tn"] = rel_diff([a, b], [x], norm)
         row["error src-method"] = rel_diff([a, b], [y], norm)
+    row["QR fallbacks"] = log.fallbacks
     row["log"] = list(log.lines)
     return row
 

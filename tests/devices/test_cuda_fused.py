@@ -96,6 +96,31 @@ def test_fused_sums_equal_the_interpreter(kind: str, which: str) -> None:
     assert lines[0].startswith("fused: ") and any("matmul" in line for line in lines)
 
 
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_an_overwriting_graph_writes_a_steps_first_call_and_adds_the_others(kind: str) -> None:
+    compiled = _compiled("mlp")
+    graph, device = compiled.train_graph, _device(kind)
+    host = compiled.init_params(0)
+    params = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
+    batches = [_feeds(graph, seed) for seed in (1, 2, 3, 4)]
+    fused = FusedGraph(
+        graph, device, sums=list(graph.outputs), examples={**batches[0], **params}, overwrite=True
+    )
+    buffers = {name: torch.full_like(b, 7.0) for name, b in fused.zero_buffers().items()}
+    interpreter = CpuProgram(graph)
+    outs = [interpreter({**batch, **host}) for batch in batches]
+    # Steps of one call (on a GPU: a plain call, a capture, a replay), on buffers never zeroed.
+    for batch, out in zip(batches[:3], outs, strict=False):
+        fused({**batch, **params}, buffers, zeros=True)
+        for name, value in out.items():
+            np.testing.assert_allclose(buffers[name].cpu().numpy(), value, rtol=1e-4, atol=1e-5)
+    fused({**batches[3], **params}, buffers)  # a second call of the same step adds
+    for name in graph.outputs:
+        total = outs[2][name] + outs[3][name]
+        np.testing.assert_allclose(buffers[name].cpu().numpy(), total, rtol=1e-4, atol=1e-5)
+    assert fused.captured is (kind == "cuda")
+
+
 def _gpt_on_cpu():
     compiled = _compiled("gpt")
     graph = compiled.train_graph

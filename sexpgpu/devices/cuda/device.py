@@ -78,6 +78,7 @@ class CudaDevice:
         self._live: dict[tuple[int, int], tuple[int, Any]] = {}
         self._stacks: dict[tuple[int, int], Graph] = {}
         self._fused: dict[tuple[int, str, int], Any] = {}
+        self._per_rank: dict[int, int] = {}  # microbatches per rank and step, per run
         self._choices: dict[int, Any] = {}
 
     # -- plan and report ----------------------------------------------------------------
@@ -104,6 +105,7 @@ class CudaDevice:
         """
         budget = detect_budget(self.first, memory)
         per_rank = max(1, microbatches // max(1, ranks))
+        self._per_rank[id(compiled)] = per_rank
 
         def plan_at(degree: int) -> MemoryPlan:
             return MemoryPlan(budget, self._parts(compiled, degree, moments, ranks, per_rank))
@@ -230,12 +232,12 @@ class CudaDevice:
         feeds = _zero_feeds(fused.graph, torch, device)
         buffers = fused.zero_buffers()
         for _ in range(3):  # a plain call, the capture, a replay
-            fused(feeds, buffers)
+            fused(feeds, buffers, zeros=True)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         reps = 5
         start.record()
         for _ in range(reps):
-            fused(feeds, buffers)
+            fused(feeds, buffers, zeros=True)
         stop.record()
         stop.synchronize()
         return start.elapsed_time(stop) / reps * (per_rank // degree)
@@ -302,9 +304,11 @@ class CudaDevice:
         if key not in self._fused:
             graph = self._stacked(compiled, degree)
             examples = _zero_feeds(graph, self.torch, device)
+            # A step of one call writes its sums (nothing to zero, nothing read back).
+            overwrite = degree == self._per_rank.get(id(compiled), 1)
             try:
                 self._fused[key] = FusedGraph(
-                    graph, device, sums=list(graph.outputs), examples=examples
+                    graph, device, sums=list(graph.outputs), examples=examples, overwrite=overwrite
                 )
             except NotFusable as why:
                 self._fused[key] = str(why)

@@ -9,7 +9,8 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    maps every generated kernel back to IR nodes and their source forms.
 2. **sum in place**: the traced function adds each summed output (the loss,
    every gradient) into a buffer the caller passes, so the gradient
-   accumulation fuses into the backward's last kernels.
+   accumulation fuses into the backward's last kernels; where a step is one
+   call (`overwrite`), it writes them there instead, and nothing is zeroed.
 3. **compile**: ``torch._inductor.compile`` fuses the elementwise and
    reduction regions into generated Triton kernels (C++ on the CPU) and
    calls cuBLAS and SDPA for the rest.
@@ -90,6 +91,10 @@ class FusedGraph:
     examples
         Feeds of the right shapes: the trace runs the lowering once on them
         (its ids must lie in their tables; zeros do).
+    overwrite
+        A call on buffers said to be zeros writes its outputs there rather
+        than adding them (for runs whose step is one call): the buffers need
+        no zeroing, and the backward's last kernels read nothing back.
 
     Raises
     ------
@@ -104,8 +109,10 @@ class FusedGraph:
         *,
         sums: Sequence[str],
         examples: Mapping[str, Any],
+        overwrite: bool = False,
     ) -> None:
         self.device = torch.device(device)
+        self.overwrite = overwrite
         self.eager = TorchGraph(graph, self.device)
         self.graph = self.eager.graph  # decomposed where the lowering has no kernel
         self._ids = _fed_ids(self.graph)
@@ -152,7 +159,10 @@ class FusedGraph:
         with ids_checked_by_caller():
             out = self.eager(feeds, after_step=after_step if mode is not None else None)
         for buffer, name in zip(buffers, self.sums, strict=True):
-            buffer.add_(out[name])
+            if self.overwrite:
+                buffer.copy_(out[name])
+            else:
+                buffer.add_(out[name])
         return tuple(out[name] for name in self.returned)
 
     def _compile(self, examples: Mapping[str, Any]) -> Any:
@@ -231,18 +241,21 @@ class FusedGraph:
     ) -> dict[str, torch.Tensor]:
         """Run once: `buffers` (one per name in `sums`) grow by this call's outputs.
 
-        `zeros` says the buffers hold zeros (a step's first call), so a failed
-        call may simply zero them again. The other outputs are returned;
-        after a replay they live in the CUDA graph's memory and are
-        overwritten by the next call.
+        `zeros` says the buffers count as zeros (a step's first call): a
+        failed call may simply zero them again, and with `overwrite` they
+        need not hold zeros at all. The other outputs are returned; after a
+        replay they live in the CUDA graph's memory and are overwritten by
+        the next call.
         """
         self.check_ids(feeds)
         flat = self._flat(feeds, buffers)
         self.calls += 1
-        if not self.capture or self.calls == 1:
-            out = self._once(flat, buffers, zeros)
+        # The captured graph sums the way it was compiled to: into buffers as they are.
+        direct = zeros or not self.overwrite
+        if direct and self.capture and self.calls > 1 and self._ready(flat):
+            out = self._replay(flat)
         else:
-            out = self._replay(flat) if self._ready(flat) else self._once(flat, buffers, zeros)
+            out = self._once(flat, buffers, zeros)
         return dict(zip(self.returned, out, strict=True))
 
     def _once(
@@ -260,7 +273,8 @@ class FusedGraph:
             try:
                 return self._compiled(*flat)
             except BaseException:
-                torch._foreach_zero_(list(flat[n:]))
+                if not self.overwrite:  # an overwriting call's retry writes them anew
+                    torch._foreach_zero_(list(flat[n:]))
                 raise
         scratch = [torch.zeros_like(b) for b in flat[n:]]
         out = self._compiled(*flat[:n], *scratch)

@@ -92,7 +92,11 @@ class TorchKernels(SummingKernels):
         return sums
 
     def _zeroed(self) -> Sums:
-        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them)."""
+        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them).
+
+        Zeroed only where the fused call adds into them: an overwriting one
+        counts them as zeros at a step's first call.
+        """
         if self._buffers is None:
             zeros = {
                 k: torch.zeros(info.shape, dtype=torch.float32, device=self.device)
@@ -100,7 +104,8 @@ class TorchKernels(SummingKernels):
             }
             self._buffers = Sums(torch.zeros((), dtype=torch.float32, device=self.device), zeros, 0)
         buffers = self._buffers
-        torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
+        if not (self.fused is not None and self.fused.overwrite):  # else the call writes them
+            torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
         return Sums(buffers.loss, dict(buffers.grads), 0)
 
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -176,18 +177,22 @@ class FusedGraph:
         self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
         flat = self._flat(examples, self.zero_buffers())
         self._marks: list[tuple[int, int]] = []
+        began = time.perf_counter()
         try:
             gm = make_fx(self._traced, tracing_mode="real")(*flat)
         except torch.OutOfMemoryError as error:  # the trace runs the step op by op once
             torch.cuda.empty_cache()
             raise NotFusable(f"the trace ran out of device memory ({error})") from error
         self._name_after_ir(gm)
+        traced = time.perf_counter()
         try:
             with torch._inductor.config.patch(_provenance()):
                 compiled = torch._inductor.compile(gm, flat)
         except Exception as error:  # Inductor's own failures carry no stable type
             raise NotFusable(f"Inductor failed: {type(error).__name__}: {error}") from error
         self.kernels = self._kernel_map(compiled)
+        # Where the first step's wait goes: the report prints it.
+        self.seconds = (traced - began, time.perf_counter() - traced)
         return compiled
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
@@ -348,8 +353,10 @@ class FusedGraph:
             family = kernel.name.rstrip("0123456789").rstrip("_")
             folded[(family, forms)] += 1
             first.setdefault((family, forms), kernel.name)
+        trace_s, compile_s = self.seconds
         lines = [
-            f"fused: {len(self.kernels)} kernels (Inductor), "
+            f"fused: {len(self.kernels)} kernels (Inductor; traced in {trace_s:.1f} s, "
+            f"compiled in {compile_s:.1f} s), "
             f"{'CUDA graph' if self.capture else 'no CUDA graph ' + self.no_capture}"
         ]
         for (family, forms), count in folded.items():

@@ -19,7 +19,7 @@ for part in $parts; do
   case $part in
   tests)
     timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -m gpu -p no:cacheprovider -x ${TEST_PATHS:-tests/devices tests/runtime tests/train} \
-      2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+      > "$OUT/gpu_tests.log" 2>&1; tail -25 "$OUT/gpu_tests.log" ;;
   smoke)
     # The check: cuda gives the cpu run's losses to bf16 tolerance.
     python3 -m sexpgpu run examples/gpt.lisp --variant smoke --steps 200 --out /tmp/smoke-cpu \
@@ -28,7 +28,8 @@ for part in $parts; do
       --out /tmp/smoke-cuda 2>&1 | tee "$OUT/smoke_cuda.log" | grep -v '^step' | head -60
     python3 benches/compare_runs.py /tmp/smoke-cpu /tmp/smoke-cuda 2>&1 | tee "$OUT/smoke_compare.log" ;;
   bench)
-    timeout 590 python3 benches/gpt2_cuda.py ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_gpt2.log" | tail -14 ;;
+    timeout ${BENCH_TIMEOUT:-590} python3 benches/gpt2_cuda.py ${BENCH_ARGS:-} > "$OUT/bench_gpt2.log" 2>&1
+    tail -14 "$OUT/bench_gpt2.log" ;;
   examples)
     # The memory plan against the peak on every example, at full size.
     for ex in mlp gpt; do
@@ -45,9 +46,11 @@ for part in $parts; do
     if [ -f benches/tn_gpu.py ]; then
       # The GPU tests live in one module (the others need h5py, zarr and quimb).
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn/test_tn_devices.py \
-        2>&1 | tee "$OUT/tn_gpu_tests.log" | tail -30
-      timeout 300 python3 benches/tn_gpu.py --sites 20 40 --chi 500 --reps 2 --gpu-memory 600MiB \
-        2>&1 | tee "$OUT/tn_gpu_bench.log" | tail -30
+        > "$OUT/tn_gpu_tests.log" 2>&1; tail -5 "$OUT/tn_gpu_tests.log"
+      timeout 100 python3 dev/tn_profile.py --chi 1000 --parts qr > "$OUT/tn_qr.log" 2>&1
+      tail -20 "$OUT/tn_qr.log"
+      timeout ${TN_TIMEOUT:-300} python3 benches/tn_gpu.py ${TN_ARGS:---sites 20 40 --chi 500 --reps 2 --gpu-memory 600MiB} \
+        > "$OUT/tn_gpu_bench.log" 2>&1; tail -30 "$OUT/tn_gpu_bench.log"
     fi ;;
   dp)
     # Data parallel on the one GPU: SEXPGPU_DEVICES=0 is the single-GPU run, and two

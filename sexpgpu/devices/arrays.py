@@ -18,14 +18,26 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["NUMPY", "AdamWStep", "ArrayOps", "NumpyOps"]
+__all__ = ["NUMPY", "AdamWStep", "ArrayOps", "NumpyOps", "clip_factor"]
+
+
+def clip_factor(norm: float, max_norm: float | None) -> float | None:
+    """``min(1, max_norm / (norm + 1e-6))``, as ``torch.nn.utils.clip_grad_norm_``.
+
+    None where nothing is clipped (no `max_norm`, or a norm within it).
+    """
+    if max_norm is None:
+        return None
+    factor = float(max_norm) / (norm + 1e-6)
+    return factor if factor < 1.0 else None
 
 
 @dataclass(frozen=True)
 class AdamWStep:
     """One AdamW update's numbers (step is 1-based), as ``torch.optim.AdamW``.
 
-    The gradients enter multiplied by `grad_scale` (the clipping factor).
+    The gradients enter multiplied by `grad_scale` (the clipping factor: a
+    host number or the backend's device scalar), where it is not None.
     """
 
     lr: float
@@ -34,7 +46,7 @@ class AdamWStep:
     eps: float
     weight_decay: float
     step: int
-    grad_scale: float = 1.0
+    grad_scale: Any = None
 
     @property
     def step_size(self) -> float:
@@ -60,8 +72,16 @@ class ArrayOps(Protocol):
         """A host copy of the device array `x`."""
         ...
 
-    def sum_of_squares(self, xs: Sequence[Any]) -> float:
-        """``sum(x * x)`` over all of `xs`, accumulated in float64, as a host number."""
+    def norm(self, xs: Sequence[Any]) -> Any:
+        """The 2-norm of all of `xs` together, accumulated in float64.
+
+        A host number, or the backend's device scalar (``float()`` reads it),
+        so that the update can be queued before the host waits for it.
+        """
+        ...
+
+    def clip_scale(self, norm: Any, max_norm: float | None) -> Any:
+        """`clip_factor` of `norm` (from `norm`): None, a host number or a device scalar."""
         ...
 
     def argmax_hits(self, output: Any, target: np.ndarray) -> int:
@@ -72,8 +92,8 @@ class ArrayOps(Protocol):
         """``x /= divisor`` for every array of `xs`, in place."""
         ...
 
-    def multiply(self, xs: Sequence[Any], factor: float) -> None:
-        """``x *= factor`` for every array of `xs`, in place."""
+    def multiply(self, xs: Sequence[Any], factor: Any) -> None:
+        """``x *= factor`` (a host number or a `clip_scale`) for every array of `xs`, in place."""
         ...
 
     def adamw(
@@ -109,8 +129,11 @@ class NumpyOps:
     def download(self, x: np.ndarray) -> np.ndarray:
         return np.array(x)
 
-    def sum_of_squares(self, xs: Sequence[np.ndarray]) -> float:
-        return sum(float(np.sum(np.square(x, dtype=np.float64))) for x in xs)
+    def norm(self, xs: Sequence[np.ndarray]) -> float:
+        return math.sqrt(sum(float(np.sum(np.square(x, dtype=np.float64))) for x in xs))
+
+    def clip_scale(self, norm: float, max_norm: float | None) -> float | None:
+        return clip_factor(norm, max_norm)
 
     def argmax_hits(self, output: np.ndarray, target: np.ndarray) -> int:
         return int(np.sum(np.argmax(output, axis=-1) == target))
@@ -131,7 +154,7 @@ class NumpyOps:
         v: Sequence[np.ndarray],
         step: AdamWStep,
     ) -> None:
-        if step.grad_scale != 1.0:
+        if step.grad_scale is not None:
             self.multiply(grads, step.grad_scale)
         b1, b2, wd = step.beta1, step.beta2, step.weight_decay
         step_size, root_bc2 = step.step_size, step.root_bc2

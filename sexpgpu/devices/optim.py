@@ -19,13 +19,12 @@ step count, for JSON).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
-from sexpgpu.devices.arrays import NUMPY, AdamWStep, ArrayOps
+from sexpgpu.devices.arrays import NUMPY, AdamWStep, ArrayOps, clip_factor
 from sexpgpu.errors import SexpgpuError
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "Optimizer",
     "Sgd",
     "clip_by_global_norm",
-    "clip_scale",
     "global_norm",
     "make_optimizer",
     "moment_count",
@@ -111,11 +109,12 @@ class Optimizer:
         """The peak learning rate (the schedule scales it)."""
         return float(self.options["lr"])
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: float = 1.0) -> None:
-        """Update `params` in place with `grads` times `scale` at learning rate `lr`.
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: Any = None) -> None:
+        """Update `params` in place with `grads` (times `scale`) at learning rate `lr`.
 
-        `scale` is the clipping factor (`clip_scale`): an optimizer may fold it
-        into its own kernels instead of a pass over the gradients.
+        `scale` is None or the clipping factor (`ArrayOps.clip_scale`, maybe
+        a device scalar): an optimizer may fold it into its own kernels
+        instead of a pass over the gradients.
         """
         raise NotImplementedError
 
@@ -147,8 +146,8 @@ class Sgd(Optimizer):
     defaults: ClassVar[Mapping[str, Any]] = {"lr": 0.01, "momentum": 0.0, "nesterov": False}
     moments: ClassVar[tuple[str, ...]] = ("momentum",)
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: float = 1.0) -> None:
-        if scale != 1.0:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: Any = None) -> None:
+        if scale is not None:
             self.xp.multiply(list(grads.values()), scale)
         mu = float(self.options["momentum"])
         nesterov = bool(self.options["nesterov"])
@@ -182,7 +181,7 @@ class AdamW(Optimizer):
     }
     moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: float = 1.0) -> None:
+    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: Any = None) -> None:
         b1, b2 = (float(b) for b in self.options["betas"])
         eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
         self.steps += 1
@@ -220,27 +219,17 @@ def make_optimizer(
 
 def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
     """The 2-norm of all gradients together, accumulated in float64."""
-    return math.sqrt(xp.sum_of_squares(list(grads.values())))
-
-
-def clip_scale(norm: float, max_norm: float | None) -> float:
-    """The factor that brings a global norm `norm` to at most `max_norm` (1.0 if it is).
-
-    As ``torch.nn.utils.clip_grad_norm_``: ``min(1, max_norm / (norm + 1e-6))``.
-    """
-    if max_norm is None:
-        return 1.0
-    return min(1.0, float(max_norm) / (norm + 1e-6))
+    return float(xp.norm(list(grads.values())))
 
 
 def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = NUMPY) -> float:
-    """Scale `grads` in place so their global norm is at most `max_norm` (`clip_scale`).
+    """Scale `grads` in place so their global norm is at most `max_norm` (`clip_factor`).
 
     Returns the norm before clipping.
     """
     norm = global_norm(grads, xp)
-    scale = clip_scale(norm, max_norm)
-    if scale < 1.0:
+    scale = clip_factor(norm, max_norm)
+    if scale is not None:
         xp.multiply(list(grads.values()), scale)
     return norm
 

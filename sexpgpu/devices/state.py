@@ -22,7 +22,7 @@ import numpy as np
 from sexpgpu.devices.arrays import NUMPY, ArrayOps
 from sexpgpu.devices.base import EvalResult, HostState
 from sexpgpu.devices.collectives import sum_over_ranks
-from sexpgpu.devices.optim import Optimizer, clip_scale, global_norm, make_optimizer
+from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
 from sexpgpu.ir.compile import ParamInfo
 from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry
 
@@ -188,11 +188,12 @@ class TrainState:
     def update(self, lr: float, clip: float | None) -> float:
         assert self._sums is not None and self.optimizer is not None
         grads = self._sums.grads
-        norm = global_norm(grads, self.xp)
-        # The clipping factor goes into the update's own kernels (no pass of its own).
-        self.optimizer.step(self.values, grads, lr, clip_scale(norm, clip))
+        # The norm and the clipping factor stay on the device and go into the
+        # update's own kernels: the host reads the norm once the update is queued.
+        norm = self.xp.norm(list(grads.values()))
+        self.optimizer.step(self.values, grads, lr, self.xp.clip_scale(norm, clip))
         self._sums = None
-        return norm
+        return float(norm)
 
     # -- evaluation and diagnostics ----------------------------------------------------------
 

@@ -28,19 +28,25 @@ class TorchOps:
     def download(self, x: torch.Tensor) -> np.ndarray:
         return x.detach().to("cpu", copy=True).numpy()
 
-    def sum_of_squares(self, xs: Sequence[torch.Tensor]) -> float:
+    def norm(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
         if not xs:
-            return 0.0
+            return torch.zeros((), dtype=torch.float64, device=self.device)
         # Every tensor's norm in one multi-tensor kernel, their squares summed in
-        # f64, one transfer (a launch per tensor made the step wait on the host).
+        # f64 on the device (a launch per tensor made the step wait on the host).
         norms = torch.stack(torch._foreach_norm(list(xs))).double()
-        return float(torch.sum(norms * norms))
+        return torch.sqrt(torch.sum(norms * norms))
+
+    def clip_scale(self, norm: torch.Tensor, max_norm: float | None) -> torch.Tensor | None:
+        # On the device: the update is queued without waiting for the norm.
+        if max_norm is None:
+            return None
+        return torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0).float()
 
     def divide(self, xs: Sequence[torch.Tensor], divisor: float) -> None:
         if xs:
             torch._foreach_div_(list(xs), divisor)
 
-    def multiply(self, xs: Sequence[torch.Tensor], factor: float) -> None:
+    def multiply(self, xs: Sequence[torch.Tensor], factor: float | torch.Tensor) -> None:
         if xs:
             torch._foreach_mul_(list(xs), factor)
 
@@ -55,10 +61,13 @@ class TorchOps:
         if not params:
             return
         # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all.
-        steps = [torch.tensor(float(step.step), device=self.device)] * len(params)
+        # Filled on the device: a copy from the host would wait for the step's kernels.
+        steps = [torch.full((), float(step.step), device=self.device)] * len(params)
         # The kernel divides each gradient by `grad_scale` as it reads it.
         divisor = None
-        if step.grad_scale != 1.0:
+        if isinstance(step.grad_scale, torch.Tensor):
+            divisor = torch.reciprocal(step.grad_scale.double()).float()
+        elif step.grad_scale is not None:
             divisor = torch.full((), 1.0 / step.grad_scale, device=self.device)
         torch._fused_adamw_(
             list(params),

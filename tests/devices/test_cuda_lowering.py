@@ -127,6 +127,27 @@ def test_attention_gradient_takes_the_forward_stash(dtype: str, device: str) -> 
     assert info["ops"]["attention-grad"]["count"] == 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_cross_entropy_gradient_takes_the_forward_log_sum_exp(dtype: str, device: str) -> None:
+    logits = b.input("logits", (2, 5, 11), dtype)
+    ids = b.input("ids", (2, 5), "int32")
+    g = b.input("g", (2, 5), "f32")
+    loss = b.cross_entropy(logits, ids)
+    grad = b.cross_entropy_grad(logits, ids, g)  # pairs with loss
+    graph = Graph.of({"loss": loss, "grad": grad}, [logits, ids, g])
+    rng = np.random.default_rng(0)
+    feeds = {
+        "logits": rng.normal(size=(2, 5, 11)) * 3,
+        "ids": rng.integers(0, 11, (2, 5)).astype(np.int32),
+        "g": rng.normal(size=(2, 5)),
+    }
+    program = _compare(graph, feeds, device, dtype)
+    assert program.report()["stashed"] == 1
+    alone = Graph.of({"grad": grad}, [logits, ids, g])  # no forward: its own log-sum-exp
+    assert _compare(alone, feeds, device, dtype).report()["stashed"] == 0
+
+
 @pytest.mark.parametrize("backend", ["flash-cpu", "math"])
 def test_cpu_attention_backends(backend: str) -> None:
     program = _compare(

@@ -5,11 +5,12 @@ The plan, made when the graph is built:
 * the schedule is the graph's topological order; each value is dropped
   right after its last use (outputs are kept to the end);
 * CONSTANT and IOTA nodes are made once on the device and held by the plan;
-* an ``attention`` whose ``attention-grad`` is in the same graph (same
-  ``q``, ``k``, ``v`` nodes and attributes) keeps its kernel's log-sum-exp
-  and output in a stash keyed by the forward's position, and the gradient
-  takes them from there (then the stash entry is dropped) instead of
-  running the forward again;
+* an ``attention`` or ``cross-entropy`` whose gradient is in the same graph
+  (same operand nodes and attributes) keeps what its gradient needs (the
+  attention kernel's log-sum-exp and output; cross-entropy's per-row
+  log-sum-exp) in a stash keyed by the forward's position, and the gradient
+  takes it from there (then the stash entry is dropped) instead of
+  computing it again;
 * `planned_peak_bytes` is the schedule's largest live set, computed without
   running from torch element sizes (bf16 = 2 bytes): constants always,
   fed leaves from their first to their last use, views sharing their
@@ -36,7 +37,14 @@ from sexpgpu.devices.cuda.attention import (
     sdpa_forward,
     select_sdpa_backend,
 )
-from sexpgpu.devices.cuda.lowering import KERNELS, LOWERINGS, full_precision, torch_dtype
+from sexpgpu.devices.cuda.lowering import (
+    KERNELS,
+    LOWERINGS,
+    cross_entropy_and_lse,
+    cross_entropy_grad_from_lse,
+    full_precision,
+    torch_dtype,
+)
 from sexpgpu.devices.schedule import free_lists, last_uses, simulate_peak
 from sexpgpu.ir.decompose import decompose
 from sexpgpu.ir.dtypes import DType
@@ -46,6 +54,9 @@ from sexpgpu.ir.ops import FED, VIEW, Op
 __all__ = ["TorchGraph", "select_sdpa_backend"]
 
 _MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
+# Gradients that take what their forward stashed, and the forwards' operand counts.
+_PAIRED = {Op.ATTENTION_GRAD: Op.ATTENTION, Op.CROSS_ENTROPY_GRAD: Op.CROSS_ENTROPY}
+_FORWARD_ARITY = {Op.ATTENTION: 3, Op.CROSS_ENTROPY: 2}
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ class _Step:
     node: Node
     args: tuple[int, ...]  # schedule positions of the operands
     frees: tuple[int, ...]  # schedule positions dropped after this step
-    forward: int | None  # attention-grad: the stashing forward's position
+    forward: int | None  # a paired gradient: the stashing forward's position
 
 
 class TorchGraph:
@@ -106,15 +117,16 @@ class TorchGraph:
     # ------------------------------------------------------------ plan
 
     def _pairs(self) -> dict[int, int]:
-        """attention-grad position -> the position of its forward, where the graph has it."""
+        """Paired gradient's position -> the position of its forward, where the graph has it."""
         forwards: dict[tuple, int] = {}
         pairs = {}
         for i, node in enumerate(self.order):
-            attrs = (node.attrs.get("causal"), node.attrs.get("scale"))
-            key = (*(id(x) for x in node.inputs[:3]), *attrs)
-            if node.op is Op.ATTENTION:
+            forward = _PAIRED.get(node.op, node.op)
+            operands = node.inputs[: _FORWARD_ARITY[forward]] if forward in _FORWARD_ARITY else ()
+            key = (forward, *(id(x) for x in operands), repr(sorted(node.attrs.items())))
+            if node.op in _FORWARD_ARITY:
                 forwards.setdefault(key, i)
-            elif node.op is Op.ATTENTION_GRAD and key in forwards:
+            elif node.op in _PAIRED and key in forwards:
                 pairs[i] = forwards[key]
         return pairs
 
@@ -147,8 +159,8 @@ class TorchGraph:
                 nbytes[i] = node.size * _itemsize(node.dtype)
         change: Counter = Counter()  # stashed log-sum-exp: from the forward to its last grad
         for i in self._stash_users:
-            q = self.order[i].inputs[0]
-            lse = 4 * (q.size // max(q.shape[-1], 1))  # f32, one per query row
+            rows = self.order[i].inputs[0]  # q, or the logits
+            lse = 4 * (rows.size // max(rows.shape[-1], 1))  # f32, one per row
             change[i] += lse
             change[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
         transient = [_temporary_bytes(node) for node in self.order]
@@ -185,7 +197,7 @@ class TorchGraph:
         """
         full_precision(self.device)
         values: list[torch.Tensor | None] = [None] * len(self.order)
-        stash: dict[int, AttentionAux] = {}
+        stash: dict[int, Any] = {}
         waiting = Counter(self._stash_users)
         with torch.no_grad():
             for i, step in enumerate(self.steps):
@@ -203,22 +215,26 @@ class TorchGraph:
         if node.op in _MADE_ONCE:
             return self._constants[i]
         args = [values[j] for j in step.args]
+        aux = None
+        if step.forward is not None:
+            aux = stash[step.forward]
+            waiting[step.forward] -= 1
+            if not waiting[step.forward]:
+                del stash[step.forward]
         if node.op is Op.ATTENTION:
             out, aux = sdpa_forward(*args, **node.attrs, backend=self._backends[i])
             self._used[i] = aux
-            if i in self._stash_users:
-                stash[i] = aux
         elif node.op is Op.ATTENTION_GRAD:
-            aux = None
-            if step.forward is not None:
-                aux = stash[step.forward]
-                waiting[step.forward] -= 1
-                if not waiting[step.forward]:
-                    del stash[step.forward]
             q, k, v, g = args
             out = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=self._backends[i])
+        elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
+            out, aux = cross_entropy_and_lse(node, *args)
+        elif node.op is Op.CROSS_ENTROPY_GRAD and aux is not None:
+            out = cross_entropy_grad_from_lse(node, *args, aux)
         else:
             out = LOWERINGS[node.op](node, *args)
+        if i in self._stash_users:
+            stash[i] = aux
         assert tuple(out.shape) == node.shape and out.dtype == torch_dtype(node.dtype), (node, out)
         return out
 
@@ -242,7 +258,7 @@ class TorchGraph:
         dict
             ``{"device": "cuda:0", "attention": "flash" | ... | None,
             "attention_nodes": {"%12 attention": "flash", ...},
-            "stashed": <attention-grad nodes taking the forward's log-sum-exp>,
+            "stashed": <gradients taking their forward's log-sum-exp>,
             "ops": {"matmul": {"kernel": "torch.matmul (cuBLAS on CUDA)", "count": 12}, ...},
             "planned_peak_bytes": int}``
         """

@@ -308,27 +308,40 @@ def _rows(logits: T, targets: T) -> tuple[T, T]:
 # Both written as a log-sum-exp per row and elementwise work over the row, so
 # that Inductor fuses each into one reduction and one pass over the logits:
 # the [rows vocab] f32 probabilities are never materialized on the fused path.
+# Where the graph has both, the executor hands the forward's log-sum-exp to the
+# gradient, which is then one pass that reads the logits and writes its result.
 
 
-@lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")
-def _cross_entropy(node: Node, logits: T, targets: T) -> T:
+def cross_entropy_and_lse(node: Node, logits: T, targets: T) -> tuple[T, T]:
+    """The per-row loss and the log-sum-exp of every row (f32 for bf16)."""
     _check_ids(node, targets, logits.shape[-1])
     flat, ids = _rows(logits, targets)
     picked = flat.gather(1, ids[:, None])[:, 0]
-    loss = torch.logsumexp(flat, dim=-1) - picked
-    return loss.reshape(targets.shape).to(torch_dtype(node.dtype))
+    lse = torch.logsumexp(flat, dim=-1)
+    return (lse - picked).reshape(targets.shape).to(torch_dtype(node.dtype)), lse
 
 
-@lowering(Op.CROSS_ENTROPY_GRAD, kernel="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
-def _cross_entropy_grad(node: Node, logits: T, targets: T, g: T) -> T:
-    # g * (softmax(logits) - onehot(targets)), row by row; in place where op by op.
+def cross_entropy_grad_from_lse(node: Node, logits: T, targets: T, g: T, lse: T) -> T:
+    """``g * (softmax(logits) - onehot(targets))``, row by row, given each row's log-sum-exp."""
     _check_ids(node, targets, logits.shape[-1])
     flat, ids = _rows(logits, targets)
-    probs = (flat - torch.logsumexp(flat, dim=-1, keepdim=True)).exp_()
+    probs = (flat - lse[:, None]).exp_()  # in place where op by op
     classes = torch.arange(flat.shape[1], device=flat.device)
     probs.sub_((classes == ids[:, None]).to(probs.dtype))
     probs.mul_(g.reshape(-1, 1).to(probs.dtype))
     return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
+
+
+@lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")
+def _cross_entropy(node: Node, logits: T, targets: T) -> T:
+    return cross_entropy_and_lse(node, logits, targets)[0]
+
+
+@lowering(Op.CROSS_ENTROPY_GRAD, kernel="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
+def _cross_entropy_grad(node: Node, logits: T, targets: T, g: T) -> T:
+    # Alone it takes the log-sum-exp itself; the executor passes the forward's instead.
+    flat = logits.reshape(-1, logits.shape[-1]).to(_wide(logits.dtype))
+    return cross_entropy_grad_from_lse(node, logits, targets, g, torch.logsumexp(flat, dim=-1))
 
 
 @lowering(Op.ATTENTION, kernel="scaled-dot-product attention")

@@ -55,7 +55,9 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
         path = Path(tmp) / "gpt.lisp"
         text = GPT.format(**{**vars(args), "batch": args.batch // micro, "microbatches": micro})
         path.write_text(text)
+        began = time.perf_counter()
         trainer = prepare_run(path, out=Path(tmp) / "run", device="cuda")
+        prepared = time.perf_counter() - began  # the plan: trace, compile, dry call
         summary = trainer.run()
         finished = time.perf_counter()
         records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
@@ -72,6 +74,9 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
         "planned_bytes": trainer.plan.total,
         "memory": summary.memory,
         "stacking": next((n for n in notes if n.startswith("stacking")), None),
+        "fused": next((n for n in notes if n.startswith("fused:")), None),
+        "started_s": began - STARTED,
+        "prepare_s": prepared,
         "cuda_graph": any("CUDA graph" in n for n in notes),
         "first_loss": losses[0],
         "last_loss": losses[-1],

@@ -93,6 +93,22 @@ total = sum(kinds.values())
 for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
     print(f"{kind:60s} {ms:8.2f} ms")
 print(f"GPU busy {total:.1f} ms of {wall:.1f} ms wall: gaps and host {wall - total:.1f} ms")
+# Where the GPU waits: the gaps between its kernels over the profiled step, the longest first.
+spans = sorted(
+    (e.time_range.start, e.time_range.end, e.name)
+    for e in p.events()
+    if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+)
+gaps, end, before = [], None, ""
+for start, stop, name in spans:
+    if end is not None and start > end:
+        gaps.append((start - end, before, name))
+    if end is None or stop > end:
+        end, before = stop, name
+idle = sum(g for g, _, _ in gaps)
+print(f"GPU idle between kernels {idle / 1e3:.2f} ms in {len(gaps)} gaps; longest:")
+for gap, before, after in sorted(gaps, reverse=True)[:8]:
+    print(f"  {gap:8.1f} us after {before[:50]} before {after[:50]}")
 rows = p.key_averages()
 print(rows.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=80))
 if args.side == "sexpgpu":  # which IR nodes each kernel above covers

@@ -219,6 +219,11 @@ class RankLoop:
         locals_ = self.ctx.allgather(local)
         if self.speaker:
             locals_ = [x for node in self.link.allgather(locals_) for x in node]
+        lr = self.schedule(index)
+        norm = program.update(lr, self.s.clip)
+        # Read once the update is queued, so a GPU does not wait for the host
+        # in between; a diverged run stops here, and no checkpoint holds it.
+        loss = float(loss)
         if not math.isfinite(loss):
             raise SexpgpuError(
                 "E-TRAIN-002",
@@ -226,8 +231,6 @@ class RankLoop:
                 getattr(self.s.optimizer, "span", None),
                 hint="lower :lr, add :clip 1.0, or add warmup to the schedule",
             )
-        lr = self.schedule(index)
-        norm = program.update(lr, self.s.clip)
         extras = {"peak": max(x["peak"] for x in locals_), "diagnostics": {}}
         extras["events"] = [line for x in locals_ for line in x["events"]]
         for d in due:

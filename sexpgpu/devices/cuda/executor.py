@@ -333,6 +333,10 @@ def _feed(node: Node, feeds: Mapping[str, Any], device: torch.device) -> torch.T
         raise ValueError(
             f"feed {node.name!r} has shape {list(value.shape)}, the graph wants {list(node.shape)}"
         )
+    if device.type == "cuda" and value.device.type == "cpu":
+        # Through page-locked memory, queued: a pageable copy would wait for the
+        # kernels already queued (the last step's update) before it returns.
+        value = value.pin_memory().to(device, non_blocking=True)
     value = value.to(device)
     target = torch_dtype(node.dtype)
     if target == torch.bfloat16 and value.dtype != torch.bfloat16:

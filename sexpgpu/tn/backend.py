@@ -34,10 +34,12 @@ __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
 
 Array = Any
 
-# Threads that copy a site into page-locked memory for its upload, and the
-# smallest slice worth a thread of its own.
+# Threads that copy a site into page-locked memory for its upload (and an
+# output core out of it), the smallest slice worth a thread of its own, and the
+# piece a thread copies and then sums while it is still in its cache.
 STAGE_THREADS = 4
 _STAGE_PIECE = 8 << 20
+_CHECK_PIECE = 512 << 10
 
 
 class Backend:
@@ -70,7 +72,9 @@ class Backend:
         """Start copying ``x`` to the host; call the result for the NumPy array.
 
         On a GPU the copy runs on a side stream, so the sweep queues the next
-        site's work before it waits for this one's output core.
+        site's work before it waits for this one's output core, and the array
+        is a view of page-locked memory that is reused once it is dropped
+        (`sexpgpu.tn.sink.CoreWriter` copies it out where a sink keeps it).
         """
         host = self.to_host(x)
         return lambda: host
@@ -238,8 +242,47 @@ def _unit(values: Any, xp: Any) -> Any:
 
 @cache
 def _stagers() -> ThreadPoolExecutor:
-    """The threads of `TorchBackend._stage`, shared by every backend and call."""
+    """The threads of `copy_parallel`, shared by every backend and call."""
     return ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="sexpgpu-tn-stage")
+
+
+def _copy_piece(dst: np.ndarray, src: np.ndarray, check: bool) -> bool:
+    """``dst[...] = src`` (flat); with ``check``, whether the entries' sums are finite.
+
+    Each small piece is summed right after its copy, from the cache: the NaN
+    check then costs a few percent of the copy instead of a second pass over
+    memory (half a copy's time on its own).
+    """
+    if not check:
+        np.copyto(dst, src)
+        return True
+    finite = True
+    with np.errstate(over="ignore", invalid="ignore"):
+        for a in range(0, dst.size, max(1, _CHECK_PIECE // dst.itemsize)):
+            piece = dst[a : a + _CHECK_PIECE // dst.itemsize]
+            np.copyto(piece, src[a : a + piece.size])
+            finite &= bool(np.isfinite(piece.sum()))
+    return finite
+
+
+def copy_parallel(dst: np.ndarray, src: np.ndarray, check: bool = False) -> bool:
+    """``dst[...] = src`` for a large array, in slices over a few threads.
+
+    One thread copies a few GB/s on the host, slower than the host link and
+    than the GPU's products with a site. With ``check``, returns whether every
+    piece's sum is finite (it is not where an entry is NaN or infinite, or on
+    an overflow: then look at the entries, `sexpgpu.tn.trains.Layer.read`).
+    """
+    flat_dst, flat_src = dst.reshape(-1), np.ascontiguousarray(src).reshape(-1)
+    pieces = min(STAGE_THREADS, max(1, flat_dst.nbytes // _STAGE_PIECE))
+    if pieces == 1:
+        return _copy_piece(flat_dst, flat_src, check)
+    cuts = np.linspace(0, flat_dst.size, pieces + 1).astype(int)
+    jobs = [
+        _stagers().submit(_copy_piece, flat_dst[a:b], flat_src[a:b], check)
+        for a, b in pairwise(cuts)
+    ]
+    return all([job.result() for job in jobs])
 
 
 def torch_dtype(dtype: np.dtype) -> Any:
@@ -296,37 +339,25 @@ class TorchBackend(Backend):
             t = t.pin_memory()
         return t.to(self._dev, non_blocking=non_blocking)
 
-    def _stage(self, dst: np.ndarray, src: np.ndarray) -> None:
-        """``dst[...] = src`` for a large site, in slices over a few threads.
+    def upload_async(self, x: np.ndarray, check: bool = False) -> tuple[Any, Any, bool]:
+        """Start copying ``x`` on the copy stream: the tensor, an event to wait for.
 
-        One thread copies a few GB/s into page-locked memory, slower than the
-        host link and than the GPU's product with the site.
+        With ``check``, also whether ``x`` passed the NaN check of `copy_parallel`,
+        made on the way into page-locked memory (no pass of its own).
         """
-        flat_dst, flat_src = dst.reshape(-1), np.ascontiguousarray(src).reshape(-1)
-        pieces = min(STAGE_THREADS, max(1, flat_dst.nbytes // _STAGE_PIECE))
-        if pieces == 1:
-            flat_dst[...] = flat_src
-            return
-        cuts = np.linspace(0, flat_dst.size, pieces + 1).astype(int)
-        jobs = [
-            _stagers().submit(np.copyto, flat_dst[a:b], flat_src[a:b]) for a, b in pairwise(cuts)
-        ]
-        for job in jobs:
-            job.result()
-
-    def upload_async(self, x: np.ndarray) -> tuple[Any, Any]:
-        """Start copying ``x`` on the copy stream; the tensor and an event to wait for."""
         torch = self._torch
         if self._copy_stream is None:
-            return self.upload(x), None
+            with np.errstate(over="ignore", invalid="ignore"):
+                finite = not check or bool(np.isfinite(np.sum(x)))
+            return self.upload(x), None, finite
         # One copy, straight into pinned memory (x may be a read-only memmap).
         host = torch.empty(x.shape, dtype=torch_dtype(x.dtype), pin_memory=True)
-        self._stage(host.numpy(), x)
+        finite = copy_parallel(host.numpy(), x, check)
         with torch.cuda.stream(self._copy_stream):
             t = host.to(self._dev, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._copy_stream)
-        return t, (event, host)
+        return t, (event, host), finite
 
     def wait(self, token: Any, tensor: Any) -> Any:
         """Make the compute stream wait for an `upload_async` and return its tensor."""
@@ -356,8 +387,9 @@ class TorchBackend(Backend):
 
         def result() -> np.ndarray:
             event.synchronize()
-            # A copy: the page-locked block goes back to PyTorch's cache.
-            return np.array(host.numpy())
+            # A view: its page-locked block goes back to PyTorch's cache once the
+            # caller drops it (a sink that keeps the core copies it out first).
+            return host.numpy()
 
         return result
 

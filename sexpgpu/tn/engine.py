@@ -202,7 +202,7 @@ def _log_peaks(plan: Plan, reports: Sequence[RankReport]) -> None:
             if report.device_peak is None
             else f"{format_bytes(report.device_peak)} ({report.device_peak} B)"
         )
-        planned = plan.work_device + report.store_peak.get("device", 0)
+        planned = plan.work_device + report.store_peak.get("device", 0) + plan.resident_bytes
         logger.debug(
             "SRC peaks, rank %d: device %s of %s planned; environments held at most: %s",
             rank,

@@ -2,8 +2,10 @@
 
 Rank 0 reads the sites of a pass in order, the next one in a background
 thread while the current one computes (a memmap, HDF5 or zarr site is read
-from its file there, converted to the work dtype and, on a single GPU, copied
-to the device on a side stream). With several ranks the cores are cut into
+from its file there, converted to the work dtype and, on a single GPU, staged
+into page-locked memory, checked for NaN on the way, and copied to the device
+on a side stream). Sites the plan keeps on the device between the passes
+(``resident``) are not read again. With several ranks the cores are cut into
 one flat slice per rank, each rank uploads its slice, and an allgather over
 the group (peer copies between GPUs) puts the whole site on every rank; GPUs
 without peer access upload the whole site each instead.
@@ -51,10 +53,23 @@ def _prefetched(
     if not order:
         return
 
+    staged = upload and isinstance(xp, TorchBackend) and xp.device.is_cuda
+    busy = 0.0  # the reading thread's time
+
     def load(j: int) -> Any:
-        cores = read_site(stack, j, work, check=j not in checked)
-        if upload and isinstance(xp, TorchBackend) and xp.device.is_cuda:
-            return [xp.upload_async(c) for c in cores]
+        nonlocal busy
+        start = perf_counter()
+        if not staged:
+            cores = read_site(stack, j, work, check=j not in checked)
+        else:
+            # The NaN check rides on the staging copy (`copy_parallel`); a site
+            # that fails it is read again with the full check, which says where.
+            check = j not in checked
+            cores = [xp.upload_async(c, check) for c in read_site(stack, j, work, check=False)]
+            if not all(finite for _t, _token, finite in cores):
+                stack.read(j, check=True)
+            cores = [(t, token) for t, token, _finite in cores]
+        busy += perf_counter() - start
         return cores
 
     waited = 0.0  # the sweep's time blocked on a site not yet read (and staged)
@@ -70,7 +85,12 @@ def _prefetched(
                 yield j, ready
                 del ready
     finally:
-        logger.debug("%d sites read: the sweep waited %.3f s for them", len(order), waited)
+        logger.debug(
+            "%d sites read: %.3f s in the reading thread, the sweep waited %.3f s for them",
+            len(order),
+            busy,
+            waited,
+        )
 
 
 def site_feed(
@@ -80,16 +100,24 @@ def site_feed(
     order: Sequence[int],
     work: np.dtype,
     checked: Container[int] = (),
+    resident: dict[int, list[Array]] | None = None,
 ) -> Iterator[tuple[int, list[Array]]]:
     """Yield ``(j, cores)`` for the sites in ``order``, the cores on this rank's device.
 
     Every rank of ``ctx`` iterates the same order; only rank 0 reads. Sites in
-    ``checked`` were checked for NaN and infinities by an earlier pass.
+    ``checked`` were checked for NaN and infinities by an earlier pass; sites
+    in ``resident`` (the same on every rank) are handed out from it, and
+    dropped from it, without a read or a collective.
     """
     single = ctx.size == 1
-    source = _prefetched(stack, order, work, xp, single, checked) if ctx.rank == 0 else None
+    kept = resident if resident is not None else {}
+    to_read = [j for j in order if j not in kept]
+    source = _prefetched(stack, to_read, work, xp, single, checked) if ctx.rank == 0 else None
     try:
         for j in order:
+            if j in kept:
+                yield j, kept.pop(j)
+                continue
             host = None
             if source is not None:
                 got, host = next(source)

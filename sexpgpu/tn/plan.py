@@ -10,6 +10,9 @@ The plan is made before any site is read, from the shapes alone::
                  out, the sketch, its QR, the projected environment, a tile)
     tiers        each stored environment on the device, in (pinned) host
                  memory, or on disk under scratch_dir, first come first served
+    resident     on a GPU, the input sites whose cores stay on the device
+                 between the passes, in what the environments leave (else
+                 the right-to-left pass reads and uploads them again)
 
 Because the tiles do not depend on the budgets, every budget runs the same
 products in the same order: the result is the same bit for bit, and a budget
@@ -101,6 +104,10 @@ class Plan:
         Bytes of environments per tier, all ranks together.
     budgets : Budgets
         The budgets planned against.
+    resident : frozenset of int
+        Sites whose cores the left-to-right pass keeps on every rank's device.
+    resident_bytes : int
+        Their bytes, per rank.
     """
 
     ranks: int
@@ -113,6 +120,8 @@ class Plan:
     tiers: tuple[tuple[Tier, ...], ...]
     env_bytes: dict[str, int]
     budgets: Budgets
+    resident: frozenset[int] = frozenset()
+    resident_bytes: int = 0
 
     def line(self) -> str:
         """One line for the log: tiles, working sets, tiers, budgets."""
@@ -124,7 +133,9 @@ class Plan:
             f"working set {format_bytes(self.work_device)} per rank of "
             f"{format_bytes(self.budgets.device)} ({self.budgets.device_name}, "
             f"{self.budgets.device_source}), host working set {format_bytes(self.work_host)} of "
-            f"{format_bytes(self.budgets.host)}, environments: {tiers or 'none'}"
+            f"{format_bytes(self.budgets.host)}, environments: {tiers or 'none'}, "
+            f"input cores kept between the passes: {len(self.resident)} sites "
+            f"({format_bytes(self.resident_bytes)} per rank)"
         )
 
 
@@ -239,8 +250,9 @@ def _host_working_set(stack: Stack, size: int, item: int) -> int:
         )
         e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
         out = min(size, e * ud) * e * ud * item
-        # an output core in page-locked memory and its copy out (`Backend.download`)
-        per_site.append(3 * read + 2 * out + size * ud * 16)
+        # output cores: one downloading into page-locked memory, one being
+        # copied out of it by the writer, and its copy (`sink.CoreWriter`)
+        per_site.append(3 * read + 3 * out + size * ud * 16)
     return max(per_site)
 
 
@@ -295,6 +307,11 @@ def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budg
     hold_z = full <= device_budget
     work_device = full if hold_z else lean
     tiers, env_bytes = _tiers(stack, blocks, item, device_budget - work_device, budgets, host_work)
+    resident, resident_bytes = frozenset[int](), 0
+    if not budgets.shared:
+        pairs = zip(blocks, tiers, strict=True)
+        envs = max(_tier_bytes(stack, block, item, mine, "device") for block, mine in pairs)
+        resident, resident_bytes = _resident(stack, item, device_budget - work_device - envs)
     return Plan(
         ranks=ranks,
         blocks=blocks,
@@ -306,7 +323,40 @@ def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budg
         tiers=tiers,
         env_bytes=env_bytes,
         budgets=budgets,
+        resident=resident,
+        resident_bytes=resident_bytes,
     )
+
+
+def _env_bytes(stack: Stack, j: int, cols: int, item: int) -> int:
+    """Bytes of ``cols`` columns of environment ``C_j``."""
+    return cols * prod(s[0] for s in stack.shapes(j)) * item
+
+
+def _tier_bytes(
+    stack: Stack, block: tuple[int, int], item: int, tiers: Sequence[Tier], tier: Tier
+) -> int:
+    """Bytes of one rank's environments in ``tier``."""
+    cols = block[1] - block[0]
+    return sum(_env_bytes(stack, j, cols, item) for j, t in enumerate(tiers, start=1) if t == tier)
+
+
+def _resident(stack: Stack, item: int, room: int) -> tuple[frozenset[int], int]:
+    """The sites of the left-to-right pass whose cores fit in ``room`` bytes, first first.
+
+    Every rank holds every site's whole cores, so one set serves all ranks.
+    Kept cores are read, staged and uploaded once instead of twice: the host's
+    copy into page-locked memory was what held the passes back. Only a device
+    keeps them: on the host a site is read again at no more than the cost of
+    its read (in-memory arrays are not copied; files stay lazy).
+    """
+    kept, used = [], 0
+    for j in range(stack.n_sites - 1):
+        nbytes = sum(prod(s) for s in stack.shapes(j)) * item
+        if used + nbytes <= room:
+            kept.append(j)
+            used += nbytes
+    return frozenset(kept), used
 
 
 def _tiers(
@@ -326,7 +376,7 @@ def _tiers(
     for lo, hi in blocks:
         dev, host, mine = device_left, host_share, []
         for j in range(1, stack.n_sites):
-            nbytes = (hi - lo) * prod(s[0] for s in stack.shapes(j)) * item
+            nbytes = _env_bytes(stack, j, hi - lo, item)
             if nbytes <= dev:
                 tier, dev = first, dev - nbytes
             elif nbytes <= host:

@@ -11,34 +11,129 @@ never sits in memory when ``out=`` names files:
                    ``"0"``, ``"1"``, ...) or a directory (``0.npy``, ...)
 
 Sinks store padded ``(l, r, u, d)`` cores; `DatasetSink` writes them in
-quimb's layout.
+quimb's layout. `CoreWriter` hands the sweep's downloads to a sink in a
+thread of its own, so the host's copies and writes overlap the device's next
+site instead of holding it back.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from time import perf_counter
+from types import TracebackType
 from typing import Any, Protocol
 
 import numpy as np
 
+from .backend import copy_parallel
 from .trains import Kind, unpad_core
 
-__all__ = ["CoreSink", "DatasetSink", "MemorySink", "ScratchSink", "check_out"]
+__all__ = ["CoreSink", "CoreWriter", "DatasetSink", "MemorySink", "ScratchSink", "check_out"]
+
+logger = logging.getLogger(__name__)
 
 
 class CoreSink(Protocol):
-    """Receives padded output cores by site, and gives them back."""
+    """Receives padded output cores by site, and gives them back.
+
+    ``keeps``: whether `put` keeps the array it is given (else it writes the
+    data out before it returns, so the array may be a reused buffer).
+    """
+
+    keeps: bool
 
     def put(self, j: int, core: np.ndarray) -> None: ...
 
     def get(self, j: int) -> np.ndarray: ...
 
 
+class CoreWriter:
+    """Puts downloaded output cores into a sink from a thread of its own.
+
+    A GPU's downloads land in page-locked buffers (`Backend.download`); the
+    writer waits for each, copies it out in a few threads where the sink keeps
+    arrays (`copy_parallel`: the final, pageable home of the core) and puts
+    it. At most one core is being written while the next one downloads: `put`
+    waits for the previous core first, which bounds the host memory (the
+    plan counts three cores) and never happens while the writer keeps up.
+
+    Parameters
+    ----------
+    sink : CoreSink
+        Where the cores go.
+    staged : bool
+        Whether downloads are views of reused page-locked buffers (a GPU).
+    """
+
+    def __init__(self, sink: CoreSink, staged: bool) -> None:
+        self._sink = sink
+        self._copy = staged and sink.keeps
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-write")
+        self._pending: Future[None] | None = None
+        self.written = 0
+        self.busy = 0.0  # seconds the writer's thread spent on cores
+        self.waited = 0.0  # seconds `put` waited for the previous core
+
+    def __enter__(self) -> CoreWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc is None:
+                self._drain()
+        finally:
+            self._pool.shutdown(wait=True)
+        logger.debug(
+            "%d output cores written: %.3f s in the writer's thread, the sweep waited %.3f s",
+            self.written,
+            self.busy,
+            self.waited,
+        )
+
+    def put(self, j: int, download: Callable[[], np.ndarray]) -> None:
+        """Write core ``j`` once its download is done; raises an earlier write's error."""
+        start = perf_counter()
+        self._drain()
+        self.waited += perf_counter() - start
+        self._pending = self._pool.submit(self._write, j, download)
+
+    def _drain(self) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _write(self, j: int, download: Callable[[], np.ndarray]) -> None:
+        start = perf_counter()
+        core = download()
+        if self._copy:
+            core = _copied(core)
+        self._sink.put(j, core)
+        self.written += 1
+        self.busy += perf_counter() - start
+
+
+def _copied(core: np.ndarray) -> np.ndarray:
+    """A pageable copy of ``core``, made in a few threads."""
+    out = np.empty(core.shape, core.dtype)
+    copy_parallel(out, core)
+    return out
+
+
 class MemorySink:
     """Output cores in a dict in memory."""
+
+    keeps = True
 
     def __init__(self) -> None:
         self._cores: dict[int, np.ndarray] = {}
@@ -54,6 +149,8 @@ class MemorySink:
 
 class ScratchSink:
     """Output cores as ``.npy`` files under a scratch directory, removed on `close`."""
+
+    keeps = False
 
     def __init__(self, scratch_dir: Path) -> None:
         scratch_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +204,8 @@ class DatasetSink:
     kind : {"mps", "mpo"}
         The result's kind.
     """
+
+    keeps = False
 
     def __init__(self, out: object, n_sites: int, kind: Kind) -> None:
         self._out = out

@@ -17,6 +17,11 @@ carries the compressed right part::
 
 and the first core is ``Z_0`` itself. The result is right-canonical.
 
+Where the plan has room (`Plan.resident`), the left-to-right pass keeps a
+site's cores on the device for the right-to-left pass, which then neither
+reads nor uploads it again. Output cores go to the sink from a thread of its
+own (`CoreWriter`), so the host's copies overlap the device's next site.
+
 Several ranks split the ``s`` sketch columns into contiguous blocks. The
 left-to-right pass needs no communication: rank r builds the columns of its
 block. Per site of the right-to-left pass the sketch ``Y_j`` is gathered on
@@ -52,7 +57,7 @@ from .comm import Context
 from .feed import site_feed
 from .kernels import env_step, right_block
 from .plan import Plan, column_blocks, cut_ranks, row_blocks
-from .sink import CoreSink
+from .sink import CoreSink, CoreWriter
 from .sketch import SharedSketches
 from .store import EnvironmentStore
 from .trains import Stack
@@ -111,13 +116,14 @@ def sweep_rank(ctx: Context, xp: Backend, job: SweepJob) -> RankReport:
     xp.reset_peak()
     env_state, row_state = SplitState(), SplitState()
     tiers = job.plan.tiers[ctx.rank]
+    resident: dict[int, list[Array]] = {}  # cores kept for the right-to-left pass
     with EnvironmentStore(xp, tiers, job.scratch_dir, ctx.rank) as store:
         start = perf_counter()
-        _left_to_right(ctx, xp, job, store, env_state)
+        _left_to_right(ctx, xp, job, store, env_state, resident)
         xp.synchronize()
         middle = perf_counter()
         logger.debug("rank %d: left-to-right pass: %.3f s", ctx.rank, middle - start)
-        _right_to_left(ctx, xp, job, store, row_state)
+        _right_to_left(ctx, xp, job, store, row_state, resident)
         xp.synchronize()
         logger.debug("rank %d: right-to-left pass: %.3f s", ctx.rank, perf_counter() - middle)
         peaks = dict(store.peak)
@@ -137,9 +143,14 @@ def _checked(job: SweepJob, fn: Callable[[Any], Array]) -> Callable[[Any], Array
 
 
 def _left_to_right(
-    ctx: Context, xp: Backend, job: SweepJob, store: EnvironmentStore, state: SplitState
+    ctx: Context,
+    xp: Backend,
+    job: SweepJob,
+    store: EnvironmentStore,
+    state: SplitState,
+    resident: dict[int, list[Array]],
 ) -> None:
-    """Build and store this rank's columns of ``C_1 .. C_{n-1}``."""
+    """Build and store this rank's columns of ``C_1 .. C_{n-1}``; keep the resident cores."""
     stack, plan = job.stack, job.plan
     lo, hi = plan.blocks[ctx.rank]
     cols, k = hi - lo, len(stack.layers)
@@ -158,6 +169,8 @@ def _left_to_right(
             del part
         env = out
         store.put(j + 1, env)
+        if j in plan.resident:
+            resident[j] = cores
         del cores, omega, kernel
         logger.debug("rank %d: left-to-right: site %d of %d", ctx.rank, j + 1, stack.n_sites - 1)
 
@@ -207,35 +220,36 @@ def basis(
 
 
 def _right_to_left(
-    ctx: Context, xp: Backend, job: SweepJob, store: EnvironmentStore, state: SplitState
+    ctx: Context,
+    xp: Backend,
+    job: SweepJob,
+    store: EnvironmentStore,
+    state: SplitState,
+    resident: dict[int, list[Array]],
 ) -> None:
     """Build the output cores from the last site down; rank 0 sinks them."""
     stack, k = job.stack, len(job.stack.layers)
     proj = xp.ones((1,) * (k + 1), job.work)
     caps = cut_ranks(stack)
-    # Each output core is copied to the host while the next site computes, and
-    # sunk once that site's work is queued: the GPU never waits for the host.
-    pending: tuple[int, Callable[[], np.ndarray]] | None = None
     order = range(stack.n_sites - 1, -1, -1)
-    # the left-to-right pass checked every site but the last
-    for j, cores in site_feed(ctx, xp, stack, order, job.work, range(stack.n_sites - 1)):
-        if j == 0:
-            if ctx.rank == 0:
-                z = right_block(xp, proj, cores)
-                _sink(job, pending)
-                job.sink.put(0, xp.to_host(z.reshape(1, *z.shape[:3])))  # (1, e, u, d)
-            return
-        proj, core = _rtl_step(ctx, xp, job, store, state, j, cores, proj, caps[j - 1])
-        del cores
-        _sink(job, pending)
-        pending = (j, core) if core is not None else None
-
-
-def _sink(job: SweepJob, pending: tuple[int, Callable[[], np.ndarray]] | None) -> None:
-    """Hand a downloaded output core to the sink (rank 0; nothing elsewhere)."""
-    if pending is not None:
-        j, core = pending
-        job.sink.put(j, core())
+    checks = [0.0]  # seconds spent reading the QR's flags
+    # Each output core is copied to the host on a side stream while the next
+    # site computes, and sunk by the writer's thread: the GPU never waits for
+    # the host's copies.
+    with CoreWriter(job.sink, staged=not xp.is_host) as writer:
+        # the left-to-right pass checked every site but the last
+        feed = site_feed(ctx, xp, stack, order, job.work, range(stack.n_sites - 1), resident)
+        for j, cores in feed:  # run to its end, so the reading thread's log comes
+            if j == 0:
+                if ctx.rank == 0:
+                    z = right_block(xp, proj, cores)
+                    writer.put(0, xp.download(z.reshape(1, *z.shape[:3])))  # (1, e, u, d)
+                continue
+            proj, core = _rtl_step(ctx, xp, job, store, state, j, cores, proj, caps[j - 1], checks)
+            del cores
+            if core is not None:
+                writer.put(j, core)
+    logger.debug("rank %d: the QR checks waited %.3f s for the device", ctx.rank, checks[0])
 
 
 def _rtl_step(
@@ -248,11 +262,13 @@ def _rtl_step(
     cores: list[Array],
     proj: Array,
     cap: int,
+    checks: list[float],
 ) -> tuple[Array, Callable[[], np.ndarray] | None]:
     """One site of the right-to-left pass.
 
     Returns the next projected environment, and on rank 0 the output core's
-    download (`Backend.download`).
+    download (`Backend.download`). ``checks[0]`` adds up the time spent
+    reading the QR's flag.
     """
     plan = job.plan
     env = store.take(j)
@@ -300,9 +316,13 @@ def _rtl_step(
         return xp.concat(ctx.allgather(mine)), download, failed  # (c, l..)
 
     full, download, failed = finish(exact=False)
-    # Read with the projection queued behind the QR, so the device keeps busy;
-    # rank 0 decides for every rank.
-    if ctx.broadcast(failed() if ctx.rank == 0 else None, root=0):
+    # Read with the projection queued behind the QR, so the device keeps busy
+    # while the host waits (and the host has nothing else to do: the writer
+    # and the reader are threads of their own); rank 0 decides for every rank.
+    start = perf_counter()
+    bad = failed() if ctx.rank == 0 else None
+    checks[0] += perf_counter() - start
+    if ctx.broadcast(bad, root=0):
         logger.debug("rank %d: site %d: CholeskyQR2 failed; Householder QR", ctx.rank, j)
         if download is not None:
             download()  # the discarded core's copy is done before its buffer goes

@@ -13,17 +13,26 @@ Four parts, each printed as it is measured:
 4. ``qr``: the QR of a ``(4 chi, chi)`` sketch: Householder (cuSOLVER) against
    sexpgpu.tn's CholeskyQR2 and two variants of it, with their orthogonality,
    and CholeskyQR2's pieces.
+5. ``busy``: whether each pass keeps the GPU busy (``--busy-sites``, complex128
+   and complex64): per pass the wall time, the GPU's busy time (the union of
+   its kernels' intervals, and of kernels and copies, from torch.profiler),
+   its idle gaps, and the host's side from sexpgpu.tn's DEBUG log: the
+   reading thread's time and the sweep's wait for sites, the writer thread's
+   time and the wait for it, the wait on the QR checks.
 
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,6 +45,7 @@ import sexpgpu.tn as tn
 import sexpgpu.tn.backend as backend
 import sexpgpu.tn.cholqr as cholqr
 import sexpgpu.tn.plan as plan
+import sexpgpu.tn.sweep as sweep
 from sexpgpu.runtime.devices import Device
 
 
@@ -63,7 +73,7 @@ def pieces(chi: int) -> None:
         def run():
             backend.STAGE_THREADS = threads
             backend._stagers.cache_clear()
-            t, token = xp.upload_async(site)
+            t, token, _finite = xp.upload_async(site)
             xp.wait(token, t)
 
         return run
@@ -170,7 +180,7 @@ class Passes(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
-        if "pass:" in text or "waited" in text:
+        if "pass:" in text or "waited" in text or text.startswith("SRC p"):
             self.lines.append(text)
 
 
@@ -218,12 +228,103 @@ def variants(n: int, chi: int, passes: Passes) -> None:
     backend._stagers.cache_clear()
 
 
+def _union(intervals: list[tuple[float, float]], lo: float, hi: float) -> tuple[float, list]:
+    """Microseconds of ``[lo, hi]`` covered by ``intervals``, and the gaps between them."""
+    covered, gaps, at = 0.0, [], lo
+    for a, b in sorted(intervals):
+        a, b = max(a, lo), min(b, hi)
+        if b <= a or b <= at:
+            continue
+        if a > at:
+            gaps.append(a - at)
+        covered += b - max(a, at)
+        at = b
+    if hi > at:
+        gaps.append(hi - at)
+    return covered, gaps
+
+
+def _marked(name: str, fn):
+    """``fn`` inside a torch.profiler range called ``name`` (the passes' windows)."""
+    from torch.profiler import record_function
+
+    def wrapped(*args, **kwargs):
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def busy(n: int, chi: int, dtypes: list[str], passes: Passes) -> None:
+    """Per pass: wall time, GPU busy and idle time, and the host's waits."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    print(f"## busy, n={n} chi={chi}")
+    originals = sweep._left_to_right, sweep._right_to_left
+    sweep._left_to_right = _marked("tn: left-to-right", originals[0])
+    sweep._right_to_left = _marked("tn: right-to-left", originals[1])
+    try:
+        for dtype in dtypes:
+            a, b = problem(n, chi, dtype)
+
+            def run(a=a, b=b):
+                return tn.apply(a, b, chi, seed=1, device="gpu")
+
+            run()  # warm-up: allocator pools, page-locked blocks, cuBLAS handles
+            passes.lines.clear()
+            wall = clock(run, 1)
+            print(f"{dtype}: wall {wall:.3f} s; the host's side (sexpgpu.tn DEBUG log):")
+            for line in passes.lines:
+                print(f"    {line}")
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                with record_function("tn: apply"):
+                    run()
+                torch.cuda.synchronize()
+            _print_busy(prof, dtype)
+    finally:
+        sweep._left_to_right, sweep._right_to_left = originals
+
+
+def _print_busy(prof, dtype: str) -> None:
+    """The GPU's busy time in each pass's window, from the profiler's trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    marks = {  # the host's ranges (their copies on the GPU's timeline are "gpu_user_annotation")
+        e["name"]: (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("tn: ")
+    }
+    kernels = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel"]
+    copies = [
+        (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e.get("cat") in ("gpu_memcpy", "gpu_memset")
+    ]
+    ltr, rtl, whole = marks["tn: left-to-right"], marks["tn: right-to-left"], marks["tn: apply"]
+    # a pass's window runs to the next one's start: the sweep synchronizes in between
+    windows = {"left to right": (ltr[0], rtl[0]), "right to left": (rtl[0], whole[1])}
+    for name, (lo, hi) in windows.items():
+        span = hi - lo
+        on, gaps = _union(kernels, lo, hi)
+        either, _ = _union(kernels + copies, lo, hi)
+        long = [g for g in gaps if g > 500]
+        print(
+            f"{dtype} {name} (profiled): {span / 1e3:8.1f} ms; kernels busy {on / 1e3:8.1f} ms "
+            f"({on / span:.0%}), kernels or copies {either / 1e3:8.1f} ms; idle gaps over 0.5 ms: "
+            f"{len(long)}, {sum(long) / 1e3:.1f} ms; largest {max(gaps, default=0) / 1e3:.1f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chi", type=int, default=1000)
     parser.add_argument("--profile-sites", type=int, default=20)
     parser.add_argument("--profile-chi", type=int, default=500)
     parser.add_argument("--variant-sites", type=int, default=25)
+    parser.add_argument("--busy-sites", type=int, default=50)
+    parser.add_argument("--busy-dtypes", nargs="+", default=["complex128", "complex64"])
     parser.add_argument("--parts", nargs="+", default=["pieces", "profile", "variants", "qr"])
     args = parser.parse_args()
     passes = Passes()
@@ -239,6 +340,8 @@ def main() -> None:
         variants(args.variant_sites, args.chi, passes)
     if "qr" in args.parts:
         qr(args.chi)
+    if "busy" in args.parts:
+        busy(args.busy_sites, args.chi, args.busy_dtypes, passes)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,10 @@ for part in $parts; do
     if [ -f benches/tn_gpu.py ]; then
       # The GPU tests live in one module (the others need h5py, zarr and quimb).
       timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn/test_tn_devices.py \
-        > "$OUT/tn_gpu_tests.log" 2>&1; tail -5 "$OUT/tn_gpu_tests.log"
-      timeout 100 python3 dev/tn_profile.py --chi 1000 --parts qr > "$OUT/tn_qr.log" 2>&1
-      tail -20 "$OUT/tn_qr.log"
+        tests/tn/test_tn_passes.py tests/tn/test_tn_cholqr.py > "$OUT/tn_gpu_tests.log" 2>&1
+      tail -5 "$OUT/tn_gpu_tests.log"
+      timeout ${TN_PROFILE_TIMEOUT:-100} python3 dev/tn_profile.py --chi 1000 ${TN_PROFILE:---parts qr} \
+        > "$OUT/tn_profile.log" 2>&1; tail -40 "$OUT/tn_profile.log"
       timeout ${TN_TIMEOUT:-300} python3 benches/tn_gpu.py ${TN_ARGS:---sites 20 40 --chi 500 --reps 2 --gpu-memory 600MiB} \
         > "$OUT/tn_gpu_bench.log" 2>&1; tail -30 "$OUT/tn_gpu_bench.log"
     fi ;;

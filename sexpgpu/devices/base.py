@@ -87,11 +87,13 @@ class Program(Protocol):
         """The global norm of this rank's summed gradients over its microbatches, per microbatch."""
         ...
 
-    def reduce(self, ctx: Any, microbatches: int) -> float:
+    def reduce(self, ctx: Any, microbatches: int) -> Any:
         """Sum the buffers over every rank (`sexpgpu.devices.collectives.sum_over_ranks`:
         this node's ranks, then the nodes), divide by the run's `microbatches`.
 
-        Returns the mean loss; the buffers then hold the mean gradients.
+        Returns the mean loss (``float()`` reads it: with one rank it may still
+        be on the device, so that the update is queued before the host waits);
+        the buffers then hold the mean gradients.
         """
         ...
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from sexpgpu.devices.base import load_entry
 from sexpgpu.runtime.nodes import GradientCarry, NodeLink
+from sexpgpu.runtime.transfer import is_tensor
 
 __all__ = ["LOCAL_SUMS", "Comms", "GroupSum", "LocalSum", "local_sum", "sum_over_ranks"]
 
@@ -113,7 +114,7 @@ class Comms:
         return self.link.node_rank * self.group.size + self.group.rank
 
 
-def sum_over_ranks(ctx: Any, loss: float, grads: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+def sum_over_ranks(ctx: Any, loss: Any, grads: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Sum `loss` and `grads` over every rank of the run (see the module docstring).
 
     Parameters
@@ -128,8 +129,10 @@ def sum_over_ranks(ctx: Any, loss: float, grads: Mapping[str, Any]) -> tuple[flo
     Returns
     -------
     tuple
-        The loss (a float) and the gradients (the backend's arrays) summed over
-        all ranks. With one rank on one node they are the inputs.
+        The loss and the gradients (the backend's arrays) summed over all
+        ranks. The loss is a float, except with one rank on one node, where a
+        device's loss is returned as it is: it is read once the update is
+        queued.
     """
     comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
     group, link = comms.group, comms.link
@@ -144,4 +147,5 @@ def sum_over_ranks(ctx: Any, loss: float, grads: Mapping[str, Any]) -> tuple[flo
             loss = sum(link.allgather(float(loss)), start=0.0)  # exact, in node order
         if group.size > 1:
             loss, grads = comms.local.broadcast(group, loss, grads)
-    return float(loss), grads
+    # A device's loss stays there (read once the update is queued); host numbers are floats.
+    return (loss if is_tensor(loss) else float(loss)), grads

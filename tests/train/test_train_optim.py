@@ -146,20 +146,29 @@ def test_bad_specs_are_train_errors(kind, spec, fragment):
     assert fragment in info.value.message
 
 
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
 @pytest.mark.parametrize("ops", ["numpy", "torch"])
-def test_the_clip_factor_folded_into_adamw_equals_clipping_first(ops):
-    # torch.optim.AdamW after clip_grad_norm_, against one step given the factor.
+def test_the_clip_factor_given_to_the_step_equals_clipping_first(ops, name):
+    # torch's optimizer after clip_grad_norm_, against one step given the factor
+    # (AdamW folds it into its kernel; on torch it is a device scalar).
     from sexpgpu.devices.arrays import NUMPY
     from sexpgpu.devices.cuda.arrays import TorchOps
 
     xp = NUMPY if ops == "numpy" else TorchOps(torch.device("cpu"))
     params, grads = _start(4)
-    spec = Spec("adamw", {"lr": 3e-2, "betas": (0.9, 0.95), "weight-decay": 0.1})
+    if name == "adamw":
+        spec = Spec("adamw", {"lr": 3e-2, "betas": (0.9, 0.95), "weight-decay": 0.1})
+    else:
+        spec = Spec("sgd", {"lr": 3e-2, "momentum": 0.9})
     opt = make_optimizer(spec, SHAPES, DECAY, xp)
     ours = {k: xp.upload(v) for k, v in params.items()}
     tp = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
-    groups = [{"params": [tp["w"]], "weight_decay": 0.1}, {"params": [tp["b"]], "weight_decay": 0}]
-    ref = torch.optim.AdamW(groups, lr=3e-2, betas=(0.9, 0.95))
+    if name == "adamw":
+        groups = [{"params": [tp["w"]], "weight_decay": 0.1}]
+        groups.append({"params": [tp["b"]], "weight_decay": 0})
+        ref = torch.optim.AdamW(groups, lr=3e-2, betas=(0.9, 0.95))
+    else:
+        ref = torch.optim.SGD(list(tp.values()), lr=3e-2, momentum=0.9)
     for g in grads[:3]:
         grads = {k: xp.upload(v) for k, v in g.items()}
         scale = xp.clip_scale(xp.norm(list(grads.values())), 0.5)

@@ -2,9 +2,11 @@
 
 The way through, once per graph (decided by measurement, docs/devices.md):
 
-1. **trace**: `TorchGraph`'s schedule runs under ``make_fx`` on fake tensors
-   of the feeds' shapes, so the lowering (cuBLAS products, SDPA attention,
-   the fused aten normalizations) is written once. Each aten call is renamed
+1. **trace**: `TorchGraph`'s schedule runs once under ``make_fx`` on example
+   feeds of the right shapes (real tensors, so a kernel that refuses them,
+   an attention backend say, is replaced before it is recorded), and the
+   lowering (cuBLAS products, SDPA attention, the fused aten
+   normalizations) is written once. Each aten call is renamed
    after the IR node that made it (``ir12__gelu``), so Inductor's provenance
    maps every generated kernel back to IR nodes and their source forms.
 2. **sum in place**: the traced function adds each summed output (the loss,

@@ -73,7 +73,7 @@ def pieces(chi: int) -> None:
         def run():
             backend.STAGE_THREADS = threads
             backend._stagers.cache_clear()
-            t, token, _finite = xp.upload_async(site)
+            t, token, _total = xp.upload_async(site)
             xp.wait(token, t)
 
         return run

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from functools import cache
 from itertools import pairwise
 from math import prod
@@ -35,11 +36,9 @@ __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
 Array = Any
 
 # Threads that copy a site into page-locked memory for its upload (and an
-# output core out of it), the smallest slice worth a thread of its own, and the
-# piece a thread copies and then sums while it is still in its cache.
+# output core out of it), and the smallest slice worth a thread of its own.
 STAGE_THREADS = 4
 _STAGE_PIECE = 8 << 20
-_CHECK_PIECE = 512 << 10
 
 
 class Backend:
@@ -246,43 +245,21 @@ def _stagers() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="sexpgpu-tn-stage")
 
 
-def _copy_piece(dst: np.ndarray, src: np.ndarray, check: bool) -> bool:
-    """``dst[...] = src`` (flat); with ``check``, whether the entries' sums are finite.
-
-    Each small piece is summed right after its copy, from the cache: the NaN
-    check then costs a few percent of the copy instead of a second pass over
-    memory (half a copy's time on its own).
-    """
-    if not check:
-        np.copyto(dst, src)
-        return True
-    finite = True
-    with np.errstate(over="ignore", invalid="ignore"):
-        for a in range(0, dst.size, max(1, _CHECK_PIECE // dst.itemsize)):
-            piece = dst[a : a + _CHECK_PIECE // dst.itemsize]
-            np.copyto(piece, src[a : a + piece.size])
-            finite &= bool(np.isfinite(piece.sum()))
-    return finite
-
-
-def copy_parallel(dst: np.ndarray, src: np.ndarray, check: bool = False) -> bool:
+def copy_parallel(dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[...] = src`` for a large array, in slices over a few threads.
 
     One thread copies a few GB/s on the host, slower than the host link and
-    than the GPU's products with a site. With ``check``, returns whether every
-    piece's sum is finite (it is not where an entry is NaN or infinite, or on
-    an overflow: then look at the entries, `sexpgpu.tn.trains.Layer.read`).
+    than the GPU's products with a site.
     """
     flat_dst, flat_src = dst.reshape(-1), np.ascontiguousarray(src).reshape(-1)
     pieces = min(STAGE_THREADS, max(1, flat_dst.nbytes // _STAGE_PIECE))
     if pieces == 1:
-        return _copy_piece(flat_dst, flat_src, check)
+        np.copyto(flat_dst, flat_src)
+        return
     cuts = np.linspace(0, flat_dst.size, pieces + 1).astype(int)
-    jobs = [
-        _stagers().submit(_copy_piece, flat_dst[a:b], flat_src[a:b], check)
-        for a, b in pairwise(cuts)
-    ]
-    return all([job.result() for job in jobs])
+    jobs = [_stagers().submit(np.copyto, flat_dst[a:b], flat_src[a:b]) for a, b in pairwise(cuts)]
+    for job in jobs:
+        job.result()
 
 
 def torch_dtype(dtype: np.dtype) -> Any:
@@ -339,25 +316,41 @@ class TorchBackend(Backend):
             t = t.pin_memory()
         return t.to(self._dev, non_blocking=non_blocking)
 
-    def upload_async(self, x: np.ndarray, check: bool = False) -> tuple[Any, Any, bool]:
-        """Start copying ``x`` on the copy stream: the tensor, an event to wait for.
+    def upload_async(self, x: np.ndarray, check: bool = False) -> tuple[Any, Any, Any]:
+        """Start copying ``x`` on the copy stream: the tensor, an event to wait for, a sum.
 
-        With ``check``, also whether ``x`` passed the NaN check of `copy_parallel`,
-        made on the way into page-locked memory (no pass of its own).
+        The copy goes through page-locked memory (`copy_parallel`). With
+        ``check``, the third item is the sum of the entries, a device scalar
+        computed on the copy stream behind the upload: it is NaN or infinite
+        where an entry is (or on an overflow). Read such sums with `finite`;
+        the compute stream never waits for them. Without ``check``, None.
         """
         torch = self._torch
-        if self._copy_stream is None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                finite = not check or bool(np.isfinite(np.sum(x)))
-            return self.upload(x), None, finite
+        if self._copy_stream is None:  # PyTorch's CPU device: the array itself
+            t = self.upload(x)
+            return t, None, t.sum() if check else None
         # One copy, straight into pinned memory (x may be a read-only memmap).
         host = torch.empty(x.shape, dtype=torch_dtype(x.dtype), pin_memory=True)
-        finite = copy_parallel(host.numpy(), x, check)
+        copy_parallel(host.numpy(), x)
         with torch.cuda.stream(self._copy_stream):
             t = host.to(self._dev, non_blocking=True)
             event = torch.cuda.Event()
-            event.record(self._copy_stream)
-        return t, (event, host), finite
+            event.record(self._copy_stream)  # the compute waits for the copy, not the sum
+            total = t.sum() if check else None
+        return t, (event, host), total
+
+    def finite(self, totals: Sequence[Any]) -> list[bool]:
+        """Whether each sum of `upload_async` is finite: one copy to the host.
+
+        The copy runs on the copy stream, so it waits for the uploads (and
+        their sums), never for the compute queued on the device.
+        """
+        if not totals:
+            return []
+        torch = self._torch
+        stream = self._copy_stream
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            return torch.isfinite(torch.stack(list(totals))).cpu().tolist()
 
     def wait(self, token: Any, tensor: Any) -> Any:
         """Make the compute stream wait for an `upload_async` and return its tensor."""

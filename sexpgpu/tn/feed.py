@@ -2,13 +2,14 @@
 
 Rank 0 reads the sites of a pass in order, the next one in a background
 thread while the current one computes (a memmap, HDF5 or zarr site is read
-from its file there, converted to the work dtype and, on a single GPU, staged
-into page-locked memory, checked for NaN on the way, and copied to the device
-on a side stream). Sites the plan keeps on the device between the passes
-(``resident``) are not read again. With several ranks the cores are cut into
-one flat slice per rank, each rank uploads its slice, and an allgather over
-the group (peer copies between GPUs) puts the whole site on every rank; GPUs
-without peer access upload the whole site each instead.
+from its file there and converted to the work dtype; on a single GPU it is
+staged into page-locked memory and copied to the device on a side stream, and
+a sum behind the copy, on the device, checks it for NaN). Sites the plan keeps
+on the device between the passes (``resident``) are not read again. With
+several ranks the cores are cut into one flat slice per rank, each rank
+uploads its slice, and an allgather over the group (peer copies between GPUs)
+puts the whole site on every rank; GPUs without peer access upload the whole
+site each instead.
 
 ::
 
@@ -48,42 +49,54 @@ def _prefetched(
     xp: Backend,
     upload: bool,
     checked: Container[int],
+    defer_checks: bool,
 ) -> Iterator[tuple[int, Any]]:
-    """``(j, cores)`` in ``order``, the next site read (and uploaded) in a thread."""
+    """``(j, cores)`` in ``order``, the next site read (and uploaded) in a thread.
+
+    On PyTorch (``upload``) a site is checked for NaN on the device (`_settle`):
+    before it is handed out, or with ``defer_checks`` once, after the last site.
+    """
     if not order:
         return
 
-    staged = upload and isinstance(xp, TorchBackend) and xp.device.is_cuda
+    staged = upload and isinstance(xp, TorchBackend)
     busy = 0.0  # the reading thread's time
 
-    def load(j: int) -> Any:
+    def load(j: int) -> tuple[Any, list[tuple[int, Any]]]:
+        """Site ``j``'s cores, and its device sums to check (with their site)."""
         nonlocal busy
         start = perf_counter()
+        check = j not in checked
+        sums: list[tuple[int, Any]] = []
         if not staged:
-            cores = read_site(stack, j, work, check=j not in checked)
+            cores = read_site(stack, j, work, check)
         else:
-            # The NaN check rides on the staging copy (`copy_parallel`); a site
-            # that fails it is read again with the full check, which says where.
-            check = j not in checked
-            cores = [xp.upload_async(c, check) for c in read_site(stack, j, work, check=False)]
-            if not all(finite for _t, _token, finite in cores):
-                stack.read(j, check=True)
-            cores = [(t, token) for t, token, _finite in cores]
+            cores = []
+            for core in read_site(stack, j, work, check=False):
+                tensor, token, total = xp.upload_async(core, check)
+                cores.append((tensor, token))
+                if total is not None:
+                    sums.append((j, total))
         busy += perf_counter() - start
-        return cores
+        return cores, sums
 
     waited = 0.0  # the sweep's time blocked on a site not yet read (and staged)
+    unread: list[tuple[int, Any]] = []  # device sums not yet read (the main thread's)
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-read") as pool:
             pending: Future[Any] = pool.submit(load, order[0])
             for i, j in enumerate(order):
                 start = perf_counter()
-                ready = pending.result()
+                ready, sums = pending.result()
                 waited += perf_counter() - start
                 if i + 1 < len(order):
                     pending = pool.submit(load, order[i + 1])
+                unread += sums
+                if not defer_checks:
+                    _settle(xp, stack, unread)
                 yield j, ready
                 del ready
+        _settle(xp, stack, unread)  # not reached when the sweep stops early (an error)
     finally:
         logger.debug(
             "%d sites read: %.3f s in the reading thread, the sweep waited %.3f s for them",
@@ -91,6 +104,23 @@ def _prefetched(
             busy,
             waited,
         )
+
+
+def _settle(xp: Backend, stack: Stack, unread: list[tuple[int, Any]]) -> None:
+    """Read the device sums of `TorchBackend.upload_async` (one copy) and forget them.
+
+    A site whose sum is not finite is read again with the host's full check,
+    which raises the error a host backend raises (`Layer.read`: the train,
+    the site, the count); a finite site whose sum overflowed passes it.
+    """
+    if not unread:
+        return
+    assert isinstance(xp, TorchBackend)
+    finite = xp.finite([total for _j, total in unread])
+    bad = dict.fromkeys(j for (j, _total), ok in zip(unread, finite, strict=True) if not ok)
+    unread.clear()  # the sites in the order read: the first bad one raises
+    for j in bad:
+        stack.read(j, check=True)
 
 
 def site_feed(
@@ -101,6 +131,7 @@ def site_feed(
     work: np.dtype,
     checked: Container[int] = (),
     resident: dict[int, list[Array]] | None = None,
+    defer_checks: bool = False,
 ) -> Iterator[tuple[int, list[Array]]]:
     """Yield ``(j, cores)`` for the sites in ``order``, the cores on this rank's device.
 
@@ -108,11 +139,19 @@ def site_feed(
     ``checked`` were checked for NaN and infinities by an earlier pass; sites
     in ``resident`` (the same on every rank) are handed out from it, and
     dropped from it, without a read or a collective.
+
+    A site uploaded to a single PyTorch device is checked there: a sum behind
+    its upload, read before the site is handed out, or with ``defer_checks``
+    once, when the sweep asks for the site after the last (for a pass whose
+    results stay on the device until it ends: the host never waits per site).
+    Either way a bad site raises the host's error (`Layer.read`).
     """
     single = ctx.size == 1
     kept = resident if resident is not None else {}
     to_read = [j for j in order if j not in kept]
-    source = _prefetched(stack, to_read, work, xp, single, checked) if ctx.rank == 0 else None
+    source = None
+    if ctx.rank == 0:
+        source = _prefetched(stack, to_read, work, xp, single, checked, defer_checks)
     try:
         for j in order:
             if j in kept:
@@ -126,6 +165,9 @@ def site_feed(
                 yield j, _on_device(xp, host)
             else:
                 yield j, _distribute(ctx, xp, stack, j, work, host)
+        if source is not None:
+            rest = next(source, None)  # runs the deferred checks
+            assert rest is None
     finally:
         if source is not None:
             source.close()  # stops the read-ahead thread

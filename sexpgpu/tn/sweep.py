@@ -155,7 +155,9 @@ def _left_to_right(
     lo, hi = plan.blocks[ctx.rank]
     cols, k = hi - lo, len(stack.layers)
     env = xp.ones((cols,) + (1,) * k, job.work)
-    for j, cores in site_feed(ctx, xp, stack, range(stack.n_sites - 1), job.work):
+    # No result leaves the device before the pass ends: its NaN checks are read then.
+    feed = site_feed(ctx, xp, stack, range(stack.n_sites - 1), job.work, defer_checks=True)
+    for j, cores in feed:
         up, down = cores[0].shape[2], cores[-1].shape[3]
         omega = job.sketches.take(j, up, down)[lo:hi]
         omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)

@@ -11,8 +11,11 @@ import pytest
 from tn_helpers import make_stack, run_src
 
 import sexpgpu.tn.engine as engine
+import sexpgpu.tn.sweep as sweep
+from sexpgpu.runtime.devices import Device
 from sexpgpu.tn import Resources
-from sexpgpu.tn.backend import copy_parallel
+from sexpgpu.tn.backend import TorchBackend, copy_parallel
+from sexpgpu.tn.feed import _settle, read_site
 from sexpgpu.tn.plan import Budgets, make_plan, minimum_budgets
 from sexpgpu.tn.sink import CoreWriter, DatasetSink, MemorySink
 from sexpgpu.tn.sketch import work_dtype
@@ -134,17 +137,64 @@ def test_a_failing_write_raises_in_the_sweep():
         writer.put(1, lambda: np.zeros(1))  # waits for core 0, which failed
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, None])
-def test_the_staging_copy_checks_for_nan(bad):
+def test_the_staging_copy_copies_in_slices():
     src = np.random.default_rng(0).standard_normal(3 << 20)  # 24 MiB: three threads' slices
-    if bad is not None:
-        src[-5] = bad
     dst = np.empty_like(src)
-    assert copy_parallel(dst, src, check=True) is (bad is None)
+    copy_parallel(dst, src)
     np.testing.assert_array_equal(dst, src)
-    assert copy_parallel(dst, src) is True  # unchecked
 
 
-def test_the_staging_check_fails_on_overflow_without_a_bad_entry():
-    src = np.full(1 << 16, np.finfo(np.float64).max)  # the sums overflow; every entry is finite
-    assert copy_parallel(np.empty_like(src), src, check=True) is False
+def _bad_stack(site: int, bad: float):
+    stack = make_stack("OS", N, np.random.default_rng(4), np.complex128, chi=CHI, bond=3)
+    stack[0][site].flat[3] = bad
+    return stack
+
+
+@pytest.mark.parametrize("site", [2, N - 1], ids=["left-to-right", "last-right-to-left"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_site_checked_on_the_device_raises_the_host_error(monkeypatch, bad, site):
+    with pytest.raises(ValueError) as on_host:
+        _run(_bad_stack(site, bad), CHI)
+    assert str(on_host.value) == (
+        f"src: trains[0] (train 0, site {site}) holds 1 NaN or infinite value(s); the result "
+        "would be NaN. Check the input (a failed earlier step, an overflow)."
+    )
+    steps = []  # right-to-left sites computed
+    rtl_step = sweep._rtl_step
+    monkeypatch.setattr(sweep, "_rtl_step", lambda *a: steps.append(a[5]) or rtl_step(*a))
+    reads: list = []
+    stack = _bad_stack(site, bad)
+    lazy = [[Counted(s, (i, j), reads) for j, s in enumerate(t)] for i, t in enumerate(stack)]
+    with pytest.raises(ValueError) as on_device:
+        _run(lazy, CHI, backend="torch")
+    assert str(on_device.value) == str(on_host.value)
+    first_pass = [(i, j) for j in range(N - 1) for i in range(2)]
+    if site < N - 1:
+        # checked once, after the pass, which ran to its end: then the bad site read again
+        assert reads == [*first_pass, (0, site)] and steps == []
+    else:
+        # the first site of the right-to-left pass: checked before it is computed (the
+        # next site may be read meanwhile)
+        rest = reads[len(first_pass) :]
+        assert reads[: len(first_pass)] == first_pass and steps == []
+        assert rest.count((0, site)) == 2 and rest.count((1, site)) == 1
+
+
+def test_the_device_check_reads_the_sums_once_and_lets_an_overflow_pass():
+    big = np.full((4, 2), 1e308)  # the sum overflows; every entry is finite
+    nan = np.ones((4, 4, 2))
+    nan[1, 2, 0] = np.nan
+    st = normalize_stack([[big, np.ones((4, 4, 2)), nan, np.ones((4, 2))]], "src", ["t0"])
+    xp = TorchBackend(Device("cpu", 0))
+    unread = []
+    for j in range(4):
+        (core,) = read_site(st, j, np.dtype(np.float64), check=False)
+        _tensor, token, total = xp.upload_async(core, check=True)
+        assert token is None and total.shape == ()
+        unread.append((j, total))
+        assert xp.upload_async(core)[2] is None  # unchecked
+    assert xp.finite([t for _j, t in unread]) == [False, True, False, True]
+    _settle(xp, st, unread[:2])  # site 0 is read again with the full check, and passes
+    with pytest.raises(ValueError, match=r"t0 \(train 0, site 2\) holds 1 NaN"):
+        _settle(xp, st, unread)
+    assert unread == []

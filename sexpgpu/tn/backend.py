@@ -387,8 +387,9 @@ class TorchBackend(Backend):
         return result
 
     def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        t = self._torch.empty(shape, dtype=torch_dtype(dtype))
-        return t.pin_memory() if self.device.is_cuda else t
+        # Allocated page-locked (`.pin_memory()` would copy a pageable buffer).
+        pin = self.device.is_cuda
+        return self._torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=pin)
 
     def synchronize(self) -> None:
         if self.device.is_cuda:

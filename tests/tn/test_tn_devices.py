@@ -201,3 +201,18 @@ def test_gpu_devices_split_and_agree():
         _close(many, one, np.complex128)
     exact = src(*stack, chi_out=512, seed=1, device="gpu", resources=Resources(devices=ids or 1))
     assert rel_error(exact, dense_stack(stack)) < 1e-12
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("site", [2, 7], ids=["left-to-right", "last-right-to-left"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_gpu_refuses_a_non_finite_site_with_the_cpu_error(bad, site):
+    stack = make_stack("OS", 8, np.random.default_rng(5), np.complex64, chi=8, bond=3)
+    stack[1][site].flat[2] = bad
+    with pytest.raises(ValueError) as on_cpu:
+        src(*stack, chi_out=6, seed=0)
+    with pytest.raises(ValueError) as on_gpu:
+        src(*stack, chi_out=6, seed=0, device="gpu")  # checked by a sum on the device
+    assert str(on_gpu.value) == str(on_cpu.value)
+    assert f"(train 1, site {site}) holds 1 NaN or infinite value(s)" in str(on_gpu.value)

@@ -41,7 +41,7 @@ from sexpgpu.devices.cuda.lowering import (
     KERNELS,
     LOWERINGS,
     cross_entropy_and_lse,
-    cross_entropy_grad_from_lse,
+    cross_entropy_grad,
     full_precision,
     torch_dtype,
 )
@@ -122,11 +122,13 @@ class TorchGraph:
         pairs = {}
         for i, node in enumerate(self.order):
             forward = _PAIRED.get(node.op, node.op)
-            operands = node.inputs[: _FORWARD_ARITY[forward]] if forward in _FORWARD_ARITY else ()
-            key = (forward, *(id(x) for x in operands), repr(sorted(node.attrs.items())))
-            if node.op in _FORWARD_ARITY:
+            if forward not in _FORWARD_ARITY:
+                continue
+            operands = (id(x) for x in node.inputs[: _FORWARD_ARITY[forward]])
+            key = (forward, *operands, repr(sorted(node.attrs.items())))
+            if node.op is forward:
                 forwards.setdefault(key, i)
-            elif node.op in _PAIRED and key in forwards:
+            elif key in forwards:
                 pairs[i] = forwards[key]
         return pairs
 
@@ -229,8 +231,8 @@ class TorchGraph:
             out = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=self._backends[i])
         elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
             out, aux = cross_entropy_and_lse(node, *args)
-        elif node.op is Op.CROSS_ENTROPY_GRAD and aux is not None:
-            out = cross_entropy_grad_from_lse(node, *args, aux)
+        elif node.op is Op.CROSS_ENTROPY_GRAD:  # aux: the forward's log-sum-exp, if kept
+            out = cross_entropy_grad(node, *args, aux)
         else:
             out = LOWERINGS[node.op](node, *args)
         if i in self._stash_users:

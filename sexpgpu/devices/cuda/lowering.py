@@ -321,10 +321,17 @@ def cross_entropy_and_lse(node: Node, logits: T, targets: T) -> tuple[T, T]:
     return (lse - picked).reshape(targets.shape).to(torch_dtype(node.dtype)), lse
 
 
-def cross_entropy_grad_from_lse(node: Node, logits: T, targets: T, g: T, lse: T) -> T:
-    """``g * (softmax(logits) - onehot(targets))``, row by row, given each row's log-sum-exp."""
+@lowering(Op.CROSS_ENTROPY_GRAD, kernel="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
+def cross_entropy_grad(node: Node, logits: T, targets: T, g: T, lse: T | None = None) -> T:
+    """``g * (softmax(logits) - onehot(targets))``, row by row.
+
+    `lse` is each row's log-sum-exp where the executor kept the forward's;
+    alone, the gradient computes it.
+    """
     _check_ids(node, targets, logits.shape[-1])
     flat, ids = _rows(logits, targets)
+    if lse is None:
+        lse = torch.logsumexp(flat, dim=-1)
     probs = (flat - lse[:, None]).exp_()  # in place where op by op
     classes = torch.arange(flat.shape[1], device=flat.device)
     probs.sub_((classes == ids[:, None]).to(probs.dtype))
@@ -335,13 +342,6 @@ def cross_entropy_grad_from_lse(node: Node, logits: T, targets: T, g: T, lse: T)
 @lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")
 def _cross_entropy(node: Node, logits: T, targets: T) -> T:
     return cross_entropy_and_lse(node, logits, targets)[0]
-
-
-@lowering(Op.CROSS_ENTROPY_GRAD, kernel="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
-def _cross_entropy_grad(node: Node, logits: T, targets: T, g: T) -> T:
-    # Alone it takes the log-sum-exp itself; the executor passes the forward's instead.
-    flat = logits.reshape(-1, logits.shape[-1]).to(_wide(logits.dtype))
-    return cross_entropy_grad_from_lse(node, logits, targets, g, torch.logsumexp(flat, dim=-1))
 
 
 @lowering(Op.ATTENTION, kernel="scaled-dot-product attention")

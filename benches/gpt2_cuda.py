@@ -10,7 +10,8 @@ under ``torch.autocast`` in bf16 over f32 parameters with
 Each side runs in its own process. Reported per side: tokens per second
 (the median step after `--warmup`), MFU against the bf16 matmul rate
 measured in the same run, the first step's latency (compilation included,
-from the process's start), and the allocator's peak; sexpgpu's also its
+from the process's start, with compile caches of its own that start empty),
+and the allocator's peak; sexpgpu's also its
 memory plan and its stacking line.
 
     python benches/gpt2_cuda.py                        # batch 16 and 32, every side
@@ -196,6 +197,21 @@ def one_side(args: argparse.Namespace) -> dict:
     return result
 
 
+def cold(cache: str) -> dict[str, str]:
+    """The environment of one side's process: compile caches of its own, empty.
+
+    Inductor and Triton keep what they compiled on disk between processes, so
+    without this a side would start from the kernels the sides before it
+    compiled (torch.compile's two modes share most of theirs), and the first
+    step would not be the cold start it claims to be.
+    """
+    return {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+        "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (
@@ -229,9 +245,10 @@ def main() -> None:
         for side in args.sides:
             cmd = [sys.executable, __file__, f"--side={side}", f"--batch={batch}", *common]
             try:
-                done = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=args.timeout, env=os.environ
-                )
+                with tempfile.TemporaryDirectory() as cache:
+                    done = subprocess.run(
+                        cmd, capture_output=True, text=True, timeout=args.timeout, env=cold(cache)
+                    )
                 lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
                 result = json.loads(lines[-1][7:]) if lines else {"error": done.stderr[-800:]}
             except subprocess.TimeoutExpired:

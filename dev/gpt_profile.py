@@ -1,11 +1,16 @@
 """Where a cuda training step of GPT-2 small spends its time (torch.profiler).
 
     python3 dev/gpt_profile.py [--batch 16] [--side sexpgpu|reduce-overhead|default|eager]
+                               [--inductor KEY=VALUE ...]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
 and the kernels that took longest. `--side` profiles the peer of
-benches/gpt2_cuda.py (the same model in PyTorch) instead.
+benches/gpt2_cuda.py (the same model in PyTorch) instead. `--inductor` sets
+Inductor options (``combo_kernels=True``) for both sides' compiles, to try
+them. For sexpgpu it also times the step's parts back to back: the fused
+call (the CUDA graph's replay) alone and the update alone, so the host's
+share of a step shows as what the whole step takes beyond their sum.
 """
 
 import argparse
@@ -28,7 +33,15 @@ from sexpgpu.runtime.devices import Device
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch", type=int, default=16)
 parser.add_argument("--side", default="sexpgpu")
+parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
 args = parser.parse_args()
+for setting in args.inductor:
+    key, value = setting.split("=", 1)
+    target = torch._inductor.config
+    *path, last = key.split(".")
+    for part in path:
+        target = getattr(target, part)
+    setattr(target, last, eval(value, {}))  # a dev script: True, 2, "name"
 shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
 rng = np.random.default_rng(0)
 t = rng.integers(0, 256, (args.batch, 1025)).astype(np.int32)
@@ -62,15 +75,39 @@ else:
         peer(tokens).item()
 
 
-for _ in range(3):
-    step()
-torch.cuda.synchronize()
-t0 = time.perf_counter()
-for _ in range(10):
-    step()
-torch.cuda.synchronize()
-wall = (time.perf_counter() - t0) / 10 * 1e3
+def clock(fn, reps: int = 10) -> float:
+    """Milliseconds per call of `fn`, back to back (the host waits only at the end)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+wall = clock(step)
 print(f"step {wall:.1f} ms, {args.batch * 1024 / wall * 1e3:,.0f} tokens/s")
+if args.side == "sexpgpu":
+    fused = prog.kernels.fused
+    sums = prog.kernels._zeroed()
+    buffers = {"loss": sums.loss, **{"grad/" + k: g for k, g in sums.grads.items()}}
+    feeds = {**batch, **prog.values}
+    call = clock(lambda: fused(feeds, buffers, zeros=True))
+    prog.accumulate(batch)
+    grads = list(prog._sums.grads.values())
+
+    def update_only():
+        norm = prog.xp.norm(grads)
+        prog.optimizer.step(prog.values, prog._sums.grads, 1e-4, prog.xp.clip_scale(norm, 1.0))
+
+    update = clock(update_only)
+    prog._sums = None  # the profiled step below starts from zeroed sums again
+    print(
+        f"parts back to back: fused call {call:.2f} ms, update {update:.2f} ms; "
+        f"the step's host share {wall - call - update:.2f} ms"
+    )
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
     step()
     torch.cuda.synchronize()

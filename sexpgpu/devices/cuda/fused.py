@@ -169,6 +169,7 @@ class FusedGraph:
         return tuple(out[name] for name in self.returned)
 
     def _compile(self, examples: Mapping[str, Any]) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.proxy_tensor import make_fx
 
         for node, source in self._ids.items():
@@ -180,8 +181,12 @@ class FusedGraph:
         flat = self._flat(examples, self.zero_buffers())
         self._marks: list[tuple[int, int]] = []
         began = time.perf_counter()
+        # One fake-tensor mode for the trace's metadata: make_fx otherwise makes
+        # a new one (and records its stack) for every value, a second of the trace.
+        context = torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True))
         try:
-            gm = make_fx(self._traced, tracing_mode="real")(*flat)
+            with torch._guards.tracing(context):
+                gm = make_fx(self._traced, tracing_mode="real")(*flat)
         except torch.OutOfMemoryError as error:  # the trace runs the step op by op once
             torch.cuda.empty_cache()
             raise NotFusable(f"the trace ran out of device memory ({error})") from error

@@ -1,6 +1,6 @@
 """Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
 
-Six parts, each printed as it is measured:
+Four parts, each printed as it is measured:
 
 1. ``pieces``: the rates of what one site of the sweep is made of, at the
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
@@ -13,21 +13,14 @@ Six parts, each printed as it is measured:
 4. ``qr``: the QR of a ``(4 chi, chi)`` sketch: Householder (cuSOLVER) against
    sexpgpu.tn's CholeskyQR2 and two variants of it, with their orthogonality,
    and CholeskyQR2's pieces.
-5. ``gemm``: the complex products of a sweep at ``--chi`` (complex64 and
-   complex128; the shapes recorded from a short sweep on the GPU, and the
-   bulk ``4 chi x 4 chi x chi``): one complex GEMM against the 3M method's
-   three real ones (`sexpgpu.tn.products`), each one's error against a
-   complex128 product, which of the two the backend picks, and the sweep
-   (``--variant-sites``) under ``THREE_M`` "never" and "auto" with its error
-   against the exact product.
-6. ``busy``: whether each pass keeps the GPU busy (``--busy-sites``, complex128
+5. ``busy``: whether each pass keeps the GPU busy (``--busy-sites``, complex128
    and complex64): per pass the wall time, the GPU's busy time (the union of
    its kernels' intervals, and of kernels and copies, from torch.profiler),
    its idle gaps, and the host's side from sexpgpu.tn's DEBUG log: the
    reading thread's time and the sweep's wait for sites, the writer thread's
    time and the wait for it, the wait on the QR checks.
 
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr gemm busy]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy]
 """
 
 from __future__ import annotations
@@ -35,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import statistics
 import sys
 import tempfile
@@ -47,17 +39,14 @@ import torch
 
 sys.path.insert(0, "benches")
 import src_method
-from tn_gpu import inner, perturbed_identity, random_mpo, rel_diff
+from tn_gpu import inner, perturbed_identity, random_mpo
 
 import sexpgpu.tn as tn
 import sexpgpu.tn.backend as backend
 import sexpgpu.tn.cholqr as cholqr
 import sexpgpu.tn.plan as plan
-import sexpgpu.tn.products as products
 import sexpgpu.tn.sweep as sweep
 from sexpgpu.runtime.devices import Device
-
-STAGE_THREADS = backend.STAGE_THREADS  # the default, restored after each part that varies it
 
 
 def clock(fn, reps: int = 5) -> float:
@@ -100,7 +89,7 @@ def pieces(chi: int) -> None:
     for name, fn in rows.items():
         t = clock(fn)
         print(f"upload   {name:28s} {t * 1e3:8.2f} ms  {site.nbytes / t / 1e9:6.1f} GB/s")
-    backend.STAGE_THREADS = STAGE_THREADS
+    backend.STAGE_THREADS = 4
     backend._stagers.cache_clear()
     for dtype in (torch.complex128, torch.complex64):
         m, k, n = 4 * chi, 4 * chi, chi
@@ -182,155 +171,6 @@ def qr(chi: int) -> None:
             print(f"qr       {dtype} {name:32s} {clock(fn, 20) * 1e3:8.2f} ms")
 
 
-def _layout(x) -> str:
-    """``"T"`` for a transposed matrix (or batch of them), ``"N"`` otherwise."""
-    return "T" if not x.is_contiguous() and x.mT.is_contiguous() else "N"
-
-
-def sweep_products(n: int, chi: int, dtype: str) -> dict[tuple, int]:
-    """The complex products of one sweep: ``(op, a shape, b shape, layouts) -> count``."""
-    seen: dict[tuple, int] = {}
-    originals = backend.TorchBackend.dot, backend.TorchBackend.matmul
-
-    def recorded(name, fn):
-        def product(self, a, b):
-            if a.is_complex():
-                key = (name, tuple(a.shape), tuple(b.shape), _layout(a) + _layout(b))
-                seen[key] = seen.get(key, 0) + 1
-            return fn(self, a, b)
-
-        return product
-
-    backend.TorchBackend.dot = recorded("dot", originals[0])
-    backend.TorchBackend.matmul = recorded("matmul", originals[1])
-    try:
-        a, b = problem(n, chi, dtype)
-        tn.apply(a, b, chi, seed=1, device="gpu")
-    finally:
-        backend.TorchBackend.dot, backend.TorchBackend.matmul = originals
-    return seen
-
-
-def _operand(shape: tuple, layout: str, dtype, gen):
-    """A random tensor of ``shape``, stored transposed for layout ``"T"``."""
-    if layout == "N":
-        return torch.randn(shape, dtype=dtype, device="cuda", generator=gen)
-    flipped = (*shape[:-2], shape[-1], shape[-2])
-    return torch.randn(flipped, dtype=dtype, device="cuda", generator=gen).mT
-
-
-def _madds(a_shape: tuple, b_shape: tuple) -> int:
-    batch = a_shape[0] if len(a_shape) == 3 else 1
-    return batch * a_shape[-2] * a_shape[-1] * b_shape[-1]
-
-
-def gemm(n: int, chi: int, passes: Passes) -> None:
-    """One complex GEMM against 3M at the sweep's shapes, and the sweep either way."""
-    xp = backend.TorchBackend(Device("cuda", 0))
-    gen = torch.Generator("cuda").manual_seed(0)
-    # the cut's rank bound 4^j reaches chi after log4(chi) sites: a few bulk sites between
-    sites = 2 * math.ceil(math.log(chi, 4)) + 4
-    print(f"## gemm, chi={chi}: complex GEMM against 3M (three real GEMMs), median of 10")
-    print(f"   shapes of a {sites}-site sweep, largest first (those over 1e8 multiply-adds")
-    print("   printed, all summed); xN: times per sweep; auto: the backend's choice;")
-    print("   errors ||C - C_ref||_F / ||C_ref||_F against a complex128 product")
-    bulk = ("dot", (4 * chi, 4 * chi), (4 * chi, chi), "NN")
-    for name in ("complex64", "complex128"):
-        dtype = getattr(torch, name)
-        found = sweep_products(sites, chi, name)
-        shapes = sorted({bulk: 0} | found, key=lambda s: -_madds(s[1], s[2]))
-        total = {"plain": 0.0, "3M": 0.0, "auto": 0.0}
-        for key in shapes:
-            op, a_shape, b_shape, layout = key
-            a = _operand(a_shape, layout[0], dtype, gen)
-            b = _operand(b_shape, layout[1], dtype, gen)
-            plain = torch.mm if op == "dot" else torch.bmm
-            t_plain = clock(lambda a=a, b=b, f=plain: f(a, b), 10)
-            t_3m = clock(lambda a=a, b=b: products.matmul_3m(a, b), 10)
-            ref = torch.matmul(a.to(torch.complex128), b.to(torch.complex128))
-            scale = torch.linalg.norm(ref)
-            e_plain = (torch.linalg.norm(plain(a, b).to(torch.complex128) - ref) / scale).item()
-            got = products.matmul_3m(a, b).to(torch.complex128)
-            e_3m = (torch.linalg.norm(got - ref) / scale).item()
-            auto = xp._by_three_m(a, b)
-            count = found.get(key, 0)
-            total["plain"] += count * t_plain
-            total["3M"] += count * t_3m
-            total["auto"] += count * (t_3m if auto else t_plain)
-            madds = _madds(a_shape, b_shape)
-            if madds < 1e8 and key != bulk:
-                continue
-            print(
-                f"gemm     {name:10s} {op:6s} {a_shape}@{b_shape} {layout} x{count:<3d} "
-                f"plain {t_plain * 1e3:7.3f} ms ({8 * madds / t_plain / 1e12:5.1f} TF), "
-                f"3M {t_3m * 1e3:7.3f} ms ({8 * madds / t_3m / 1e12:5.1f} TF equiv.), "
-                f"{t_plain / t_3m:4.2f}x; auto: {'3M' if auto else 'plain'}; "
-                f"error plain {e_plain:.1e}, 3M {e_3m:.1e}"
-            )
-            del a, b, ref, got
-        print(
-            f"gemm     {name}: the {sites}-site sweep's complex products, summed: plain "
-            f"{total['plain'] * 1e3:.1f} ms, all 3M {total['3M'] * 1e3:.1f} ms, "
-            f"auto {total['auto'] * 1e3:.1f} ms"
-        )
-    _three_m_pieces(chi)
-    _sweep_by_mode(n, chi, passes)
-
-
-def _three_m_pieces(chi: int) -> None:
-    """Where 3M's time goes at the sweep's main shape and at the bulk one: GEMMs or passes."""
-    gen = torch.Generator("cuda").manual_seed(0)
-    for name in ("complex64", "complex128"):
-        dtype = getattr(torch, name)
-        for m, k, n in ((4 * chi, 4 * chi, chi), (1396 * chi // 1000, chi, 4 * chi)):
-            a = torch.randn(m, k, dtype=dtype, device="cuda", generator=gen)
-            b = torch.randn(k, n, dtype=dtype, device="cuda", generator=gen)
-            pa, pb = products._planes(a), products._planes(b)
-            t1, t2 = pa[0] @ pb[0], pa[1] @ pb[1]
-            out = torch.empty(m, n, dtype=dtype, device="cuda")
-            parts = torch.view_as_real(out)
-            rows = {
-                "plain complex GEMM": lambda a=a, b=b: a @ b,
-                "3M whole": lambda a=a, b=b: products.matmul_3m(a, b),
-                "3 real GEMMs alone": lambda pa=pa, pb=pb: [pa[0] @ pb[0] for _ in range(3)],
-                "planes of a": lambda a=a: products._planes(a),
-                "planes of b": lambda b=b: products._planes(b),
-                "sums (a, b)": lambda pa=pa, pb=pb: (pa[0] + pa[1], pb[0] + pb[1]),
-                "one join (sub into a part)": lambda t1=t1, t2=t2, p=parts: torch.sub(
-                    t1, t2, out=p[..., 0]
-                ),
-            }
-            for label, fn in rows.items():
-                t = clock(fn, 10)
-                print(f"gemm     3M pieces {name} {m}x{k}x{n}: {label:28s} {t * 1e3:7.3f} ms")
-            del a, b, pa, pb, t1, t2, out, parts
-
-
-def _sweep_by_mode(n: int, chi: int, passes: Passes) -> None:
-    """The sweep with complex products plain ("never") and by the backend's choice ("auto")."""
-    print(f"## gemm: the sweep, n={n} chi={chi}, THREE_M never / auto, median of 3")
-    try:
-        for dtype in ("complex128", "complex64"):
-            a, b = problem(n, chi, dtype)
-            per_site = inner([a], [a]).real ** (-0.5 / n)  # A at norm 1, as in benches/tn_gpu.py
-            a = [(site * per_site).astype(dtype) for site in a]
-            norm = inner([a, b], [a, b]).real
-            for mode in ("never", "auto"):
-                products.THREE_M = mode
-                t = clock(lambda a=a, b=b: tn.apply(a, b, chi, seed=1, device="gpu"), 3)
-                passes.lines.clear()
-                out = tn.apply(a, b, chi, seed=1, device="gpu")
-                error = rel_diff([a, b], [out], norm)
-                fallbacks = sum("CholeskyQR2 failed" in line for line in passes.lines)
-                print(
-                    f"gemm     sweep {dtype} THREE_M={mode}: {t:.3f} s, error vs exact "
-                    f"{error:.1e}, QR fallbacks {fallbacks}; "
-                    + "; ".join(line for line in passes.lines if "pass:" in line)
-                )
-    finally:
-        products.THREE_M = "auto"
-
-
 class Passes(logging.Handler):
     """Collects sexpgpu.tn's pass times and waits for sites."""
 
@@ -375,7 +215,7 @@ def variants(n: int, chi: int, passes: Passes) -> None:
         a, b = problem(n, chi, dtype)
         theirs = clock(lambda a=a, b=b: src_method.apply(a, b, chi, seed=1, device="gpu"), 2)
         print(f"{dtype}: src-method {theirs:.3f} s")
-        for threads, tile in ((1, 256), (4, 256), (8, 256), (8, 1024)):
+        for threads, tile in ((1, 256), (4, 256), (4, 1024)):
             backend.STAGE_THREADS = threads
             backend._stagers.cache_clear()
             plan.TILE_BYTES = tile << 20
@@ -385,7 +225,7 @@ def variants(n: int, chi: int, passes: Passes) -> None:
                 f"{dtype}: threads={threads} tile={tile} MiB: {t:.3f} s, "
                 f"ratio {theirs / t:.2f}; " + "; ".join(passes.lines[-4:])
             )
-    backend.STAGE_THREADS, plan.TILE_BYTES = STAGE_THREADS, 256 << 20
+    backend.STAGE_THREADS, plan.TILE_BYTES = 4, 256 << 20
     backend._stagers.cache_clear()
 
 
@@ -512,8 +352,6 @@ def main() -> None:
         variants(args.variant_sites, args.chi, passes)
     if "qr" in args.parts:
         qr(args.chi)
-    if "gemm" in args.parts:
-        gemm(args.variant_sites, args.chi, passes)
     if "busy" in args.parts:
         busy(args.busy_sites, args.chi, args.busy_dtypes, passes)
 

@@ -6,9 +6,8 @@ sketch index), QR, SVD, adjoints and a few reductions. `NumpyBackend` runs on
 the host through BLAS/LAPACK; `TorchBackend` runs on one PyTorch device
 (cuBLAS and cuSOLVER on a GPU, or PyTorch's CPU device, which CI uses to run
 the GPU code path without a GPU), and factors tall sketches by CholeskyQR2
-(`sexpgpu.tn.cholqr`) rather than Householder QR; on a GPU, complex products
-wide enough to pay run as three real GEMMs (`sexpgpu.tn.products`). PyTorch is
-imported only when a `TorchBackend` is made.
+(`sexpgpu.tn.cholqr`) rather than Householder QR. PyTorch is imported only when a
+`TorchBackend` is made.
 
 Every value a backend hands back is its own array type; `to_host` always
 gives a NumPy array. Sketches are drawn on the host (`sexpgpu.tn.sketch`) and
@@ -17,8 +16,8 @@ uploaded, so one seed gives one result on every backend.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import cache
@@ -30,7 +29,6 @@ import numpy as np
 
 from sexpgpu.runtime.devices import Device
 
-from . import products
 from .cholqr import cholesky_qr2
 from .linalg import svd as host_svd
 
@@ -39,8 +37,8 @@ __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
 Array = Any
 
 # Threads that copy a site into page-locked memory for its upload (and an
-# output core out of it), and the smallest slice worth a thread of its own.
-# On the H200's host a 61 MiB site took 5.2 ms with 4 threads, 4.6 ms with 8.
+# output core out of it), and the smallest slice worth a thread of its own
+# (on an H200's host: 4.6 ms a 61 MiB site with 8, 5.2 ms with 4).
 STAGE_THREADS = min(8, os.cpu_count() or 1)
 _STAGE_PIECE = 8 << 20
 
@@ -128,13 +126,6 @@ class Backend:
     def adjoint(self, x: Array) -> Array:
         """The conjugate transpose of a matrix (a view where the library allows)."""
         raise NotImplementedError
-
-    def splits_products(self, dtype: np.dtype) -> bool:
-        """Whether some products of ``dtype`` may run by 3M (`sexpgpu.tn.products`).
-
-        Their temporaries then go in the plan (`sexpgpu.tn.plan`).
-        """
-        return False
 
     def qr(self, x: Array) -> tuple[Array, Array]:
         """Thin Householder QR, ``R``'s diagonal real and non-negative."""
@@ -316,9 +307,6 @@ class TorchBackend(Backend):
         # uploads of the next sites must not.
         self._copy_stream = torch.cuda.Stream(self._dev) if cuda else None
         self._down_stream = torch.cuda.Stream(self._dev) if cuda else None
-        # How complex products are computed (`sexpgpu.tn.products.THREE_M`).
-        assert products.THREE_M in products.MODES, products.THREE_M
-        self.three_m = products.THREE_M
 
     def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> Any:
         t = self._torch.from_numpy(np.ascontiguousarray(x))
@@ -436,31 +424,10 @@ class TorchBackend(Backend):
         return int(x.numel() * x.element_size())
 
     def dot(self, a: Any, b: Any) -> Any:
-        if self._by_three_m(a, b):
-            return products.matmul_3m(a, b)
         return self._torch.mm(a, b)
 
     def matmul(self, a: Any, b: Any) -> Any:
-        if self._by_three_m(a, b):
-            return products.matmul_3m(a, b)
         return self._torch.bmm(a, b)
-
-    def _by_three_m(self, a: Any, b: Any) -> bool:
-        """Whether the product ``a @ b`` runs as three real GEMMs; from the shapes alone."""
-        if self.three_m == "never" or not a.is_complex():
-            return False
-        if self.three_m == "always":
-            return True
-        m, k = a.shape[-2:]
-        batch = a.shape[0] if a.dim() == 3 else 1
-        return self.device.is_cuda and products.three_m_pays(
-            m, k, b.shape[-1], batch, a.element_size()
-        )
-
-    def splits_products(self, dtype: np.dtype) -> bool:
-        if np.dtype(dtype).kind != "c" or self.three_m == "never":
-            return False
-        return self.three_m == "always" or self.device.is_cuda
 
     def adjoint(self, x: Any) -> Any:
         # Materialized, so that every product that reads it takes the same GEMM path.

@@ -144,8 +144,7 @@ def execute(
         A budget is smaller than the sweep's working set.
     """
     budgets = budgets_for(backends, resources)
-    three_m = any(xp.splits_products(work) for xp in backends)
-    plan = make_plan(stack, source.size, work, len(backends), budgets, three_m)
+    plan = make_plan(stack, source.size, work, len(backends), budgets)
     _warn_large_inputs(fn, stack, budgets.host)
     logger.debug(
         "SRC plan: sites=%d, layers=%d, sketch=%d, dtype=%s, devices=%s, %s",

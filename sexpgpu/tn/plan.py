@@ -7,8 +7,7 @@ The plan is made before any site is read, from the shapes alone::
                  intermediates stay under TILE_BYTES), never by the budgets
     working set  per rank, the most one site of either pass holds at once
                  (cores and the next site's prefetch, the environment in and
-                 out, the sketch, its QR, the projected environment, a tile,
-                 and where products run by 3M, the largest one's real planes)
+                 out, the sketch, its QR, the projected environment, a tile)
     tiers        each stored environment on the device, in (pinned) host
                  memory, or on disk under scratch_dir, first come first served
     resident     on a GPU, the input sites whose cores stay on the device
@@ -109,8 +108,6 @@ class Plan:
         Sites whose cores the left-to-right pass keeps on every rank's device.
     resident_bytes : int
         Their bytes, per rank.
-    three_m : bool
-        Whether the working set counts the temporaries of products by 3M.
     """
 
     ranks: int
@@ -125,7 +122,6 @@ class Plan:
     budgets: Budgets
     resident: frozenset[int] = frozenset()
     resident_bytes: int = 0
-    three_m: bool = False
 
     def line(self) -> str:
         """One line for the log: tiles, working sets, tiers, budgets."""
@@ -139,8 +135,7 @@ class Plan:
             f"{self.budgets.device_source}), host working set {format_bytes(self.work_host)} of "
             f"{format_bytes(self.budgets.host)}, environments: {tiers or 'none'}, "
             f"input cores kept between the passes: {len(self.resident)} sites "
-            f"({format_bytes(self.resident_bytes)} per rank), "
-            f"complex products by 3M: {'counted' if self.three_m else 'none'}"
+            f"({format_bytes(self.resident_bytes)} per rank)"
         )
 
 
@@ -182,22 +177,10 @@ def _site_sizes(stack: Stack, j: int) -> tuple[int, int, int, int]:
     return lefts, rights, shapes[0][2] * shapes[-1][3], sum(prod(s) for s in shapes)
 
 
-def _ltr_elements(stack: Stack, j: int, cols: int, tile_work: int, three_m: bool) -> int:
+def _ltr_elements(stack: Stack, j: int, cols: int, tile_work: int) -> int:
     lefts, rights, ud, cores = _site_sizes(stack, j)
     # this site's cores and the next one's prefetch, C_j and C_{j+1}, omega, a tile
-    held = 2 * cores + cols * (lefts + rights + ud) + tile_work
-    return held + (_chain_planes(stack, j, tile_work) if three_m else 0)
-
-
-def _chain_planes(stack: Stack, j: int, tile_work: int) -> int:
-    """The 3M planes of the largest product of a tile's chain (`sexpgpu.tn.kernels`).
-
-    A product by 3M (`sexpgpu.tn.products.matmul_3m`) holds as many elements
-    again as its operands and its result; in a chain those are two of a
-    tile's intermediates (at most a third of ``tile_work`` each) and a core
-    or a folded test tensor (at most a core or a third of ``tile_work``).
-    """
-    return tile_work + max(prod(s) for s in stack.shapes(j))
+    return 2 * cores + cols * (lefts + rights + ud) + tile_work
 
 
 def _rtl_elements(
@@ -208,10 +191,8 @@ def _rtl_elements(
     caps: Sequence[int],
     root: bool,
     hold_z: bool,
-    tile: int,
     tile_work: int,
     wide: int,
-    three_m: bool,
 ) -> int:
     lefts, rights, ud, cores = _site_sizes(stack, j)
     e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
@@ -221,17 +202,7 @@ def _rtl_elements(
     if root:  # the gathered sketch, kept until its QR is checked
         held += rows * size + _qr_elements(rows, size, c, wide)
     # a tile of intermediates makes Z's blocks; held, they stay for the projection
-    held += tile_work + (rows * lefts if hold_z else 0)
-    if not three_m:
-        return held
-    block = min(tile, e) * ud  # rows of one block of Z
-    planes = max(
-        _chain_planes(stack, j, tile_work),
-        block * lefts + lefts * cols + block * cols,  # Y = Z C^T, block by block
-        c * block + block * lefts + c * lefts,  # S = Q^H Z, block by block
-        2 * rows * size + size * size if root else 0,  # Q U, the basis under a cutoff
-    )
-    return held + planes
+    return held + tile_work + (rows * lefts if hold_z else 0)
 
 
 def _qr_elements(rows: int, size: int, c: int, wide: int) -> int:
@@ -252,18 +223,16 @@ def _working_set(
     stack: Stack,
     size: int,
     blocks: Sequence[tuple[int, int]],
-    tile: int,
     tile_work: int,
     hold_z: bool,
     wide: int,
-    three_m: bool,
 ) -> int:
     """Elements the busiest rank holds at once, environments in store not counted."""
     caps = cut_ranks(stack)
     cols = max(hi - lo for lo, hi in blocks)
-    ltr = max(_ltr_elements(stack, j, cols, tile_work, three_m) for j in range(stack.n_sites - 1))
+    ltr = max(_ltr_elements(stack, j, cols, tile_work) for j in range(stack.n_sites - 1))
     rtl = max(
-        _rtl_elements(stack, j, size, cols, caps, True, hold_z, tile, tile_work, wide, three_m)
+        _rtl_elements(stack, j, size, cols, caps, True, hold_z, tile_work, wide)
         for j in range(stack.n_sites)
     )
     return max(ltr, rtl)
@@ -302,19 +271,8 @@ def _memory_error(what: str, need: int, budget: int, name: str, source: str) -> 
     )
 
 
-def make_plan(
-    stack: Stack,
-    size: int,
-    work: np.dtype,
-    ranks: int,
-    budgets: Budgets,
-    three_m: bool = False,
-) -> Plan:
+def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budgets) -> Plan:
     """Plan one sweep of ``size`` sketch columns over ``ranks`` devices.
-
-    ``three_m``: whether the backends may compute products by 3M
-    (`sexpgpu.tn.backend.Backend.splits_products`), whose temporaries the
-    working set then counts.
 
     Raises
     ------
@@ -327,7 +285,7 @@ def make_plan(
     tile_work = tile * per_line
     blocks = column_blocks(size, ranks)
     wide = _qr_widening(work)
-    lean = _working_set(stack, size, blocks, tile, tile_work, False, wide, three_m) * item
+    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item
     host_work = _host_working_set(stack, size, item)
     device_budget = budgets.device
     if budgets.shared:
@@ -345,7 +303,7 @@ def make_plan(
         )
     if not budgets.shared and host_work > budgets.host:
         raise _memory_error("host", host_work, budgets.host, budgets.host_name, "host memory")
-    full = _working_set(stack, size, blocks, tile, tile_work, True, wide, three_m) * item
+    full = _working_set(stack, size, blocks, tile_work, True, wide) * item
     hold_z = full <= device_budget
     work_device = full if hold_z else lean
     tiers, env_bytes = _tiers(stack, blocks, item, device_budget - work_device, budgets, host_work)
@@ -367,7 +325,6 @@ def make_plan(
         budgets=budgets,
         resident=resident,
         resident_bytes=resident_bytes,
-        three_m=three_m,
     )
 
 
@@ -432,9 +389,7 @@ def _tiers(
     return tuple(tiers), totals
 
 
-def minimum_budgets(
-    stack: Stack, size: int, work: np.dtype, ranks: int = 1, three_m: bool = False
-) -> tuple[int, int]:
+def minimum_budgets(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> tuple[int, int]:
     """The smallest ``(device, host)`` budgets `make_plan` accepts, in bytes.
 
     On a host backend (one memory) the smallest budget is their sum.
@@ -443,6 +398,5 @@ def minimum_budgets(
     per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
     tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
     blocks = column_blocks(size, ranks)
-    wide = _qr_widening(work)
-    lean = _working_set(stack, size, blocks, tile, tile * per_line, False, wide, three_m) * item
+    lean = _working_set(stack, size, blocks, tile * per_line, False, _qr_widening(work)) * item
     return lean, _host_working_set(stack, size, item)

@@ -158,8 +158,7 @@ def test_gpu_lazy_inputs_and_out_of_core_budgets_give_the_same_bits(tmp_path, ca
         mm.append(sites)
     large = src(*stack, chi_out=12, seed=0, device="gpu")
     st = normalize_stack(stack, "src", ["a", "b", "c"])
-    # complex products on a GPU may run by 3M (sexpgpu.tn.products), whose planes the plan counts
-    device_least, host_least = minimum_budgets(st, 12, np.dtype(np.complex128), three_m=True)
+    device_least, host_least = minimum_budgets(st, 12, np.dtype(np.complex128))
     with caplog.at_level(logging.DEBUG, logger="sexpgpu.tn"):
         tiny = src(
             *mm,

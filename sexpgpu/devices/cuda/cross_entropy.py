@@ -9,10 +9,12 @@ and the gradient written once: Inductor's kernel for the two reads each row
 again from memory, since the rows its programs hold at once (100 KB each at
 GPT-2's vocabulary) do not fit in L2.
 
-On CUDA it is the Triton kernel below: a persistent grid of two programs per
-SM, each taking rows in turn; the first loop keeps a running maximum and sum
-of exponentials, the second reads the row again (from L2, where it still
-is) and writes the gradient. Elsewhere it is the same arithmetic in torch
+On CUDA it is the Triton kernel below: a persistent grid of a few programs
+per SM, each taking rows in turn; the first loop keeps a running maximum and
+sum of exponentials, the second reads the row again (from L2, where it
+still is) and writes the gradient. The block size, warps and programs per
+SM are Triton's autotuner's pick at the first call of each vocabulary size
+(the trace's, never under a capture). Elsewhere it is the same arithmetic in torch
 ops, so the CPU tests run the executor's pairing; the kernel itself is
 tested on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``).
 Both compute in f32 (f64 for f64 logits, which take the torch ops on CUDA too).
@@ -21,14 +23,18 @@ Both compute in f32 (f64 for f64 logits, which take the torch ops on CUDA too).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
 
 __all__ = ["cross_entropy_rows", "rows_in_torch", "rows_in_triton"]
 
-_BLOCK = 4096  # columns per load: 8 per thread at 16 warps
-_WARPS = 16
+# The interpreter's one configuration, and the autotuner's candidates on a GPU:
+# (columns per load, warps, programs per SM). Enough bytes must be in flight
+# per SM to keep memory busy, and few enough rows at once to stay in L2.
+_INTERPRETED = (128, 1, 1)
+_CONFIGS = [(8192, 16, 2), (16384, 32, 1), (8192, 8, 4), (16384, 16, 2)]
 
 
 @functools.cache
@@ -37,9 +43,17 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
     def rows_kernel(
-        logits, ids, cotangents, losses, grads, n_rows, n_cols, stride, BLOCK: tl.constexpr
+        logits,
+        ids,
+        cotangents,
+        losses,
+        grads,
+        n_rows,
+        n_cols,
+        stride,
+        BLOCK: tl.constexpr,
+        PER_SM: tl.constexpr,
     ):
         # Offsets in int64: rows times vocab passes 2**31 at a few hundred thousand rows.
         for row in range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
@@ -70,7 +84,14 @@ def _kernel() -> Any:
                 p = tl.exp(x - lse) - tl.where(cols == target, 1.0, 0.0)
                 tl.store(g_row + cols, (p * g).to(grads.dtype.element_ty), mask=inside)
 
-    return rows_kernel
+    kernel = triton.jit(rows_kernel)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return kernel
+    configs = [
+        triton.Config({"BLOCK": block, "PER_SM": per_sm}, num_warps=warps)
+        for block, warps, per_sm in _CONFIGS
+    ]
+    return triton.autotune(configs, key=["n_cols"])(kernel)
 
 
 def rows_in_triton(
@@ -80,14 +101,17 @@ def rows_in_triton(
     rows, cols = logits.shape
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     grads = torch.empty((rows, cols), dtype=grad_dtype, device=logits.device)
-    if logits.device.type == "cuda":
-        programs = 2 * torch.cuda.get_device_properties(logits.device).multi_processor_count
-    else:  # Triton's interpreter
-        programs = 2
-    grid = (max(1, min(rows, programs)),)
-    _kernel()[grid](
-        logits, ids, g, losses, grads, rows, cols, logits.stride(0), BLOCK=_BLOCK, num_warps=_WARPS
-    )
+    args = (logits, ids, g, losses, grads, rows, cols, logits.stride(0))
+    if logits.device.type != "cuda":  # Triton's interpreter
+        block, warps, per_sm = _INTERPRETED
+        _kernel()[(min(rows, 2),)](*args, BLOCK=block, PER_SM=per_sm, num_warps=warps)
+        return losses, grads
+    sms = torch.cuda.get_device_properties(logits.device).multi_processor_count
+
+    def grid(meta: dict) -> tuple[int]:
+        return (max(1, min(rows, meta["PER_SM"] * sms)),)
+
+    _kernel()[grid](*args)
     return losses, grads
 
 

@@ -333,15 +333,14 @@ class FusedGraph:
         Inductor decides which buffers share memory, so the fused step's live
         set is read from the allocator before the first step, rather than from
         the op-by-op schedule: over a plain call (a step's first) and a
-        capture (what the replays hold; it is thrown away), the larger. cuBLAS's
-        workspaces are made first, so that they are not counted here: the
-        plan counts them apart. None on the CPU, or where the dry call does
-        not fit.
+        capture (what the replays hold; it is thrown away), the larger. A
+        workspace cuBLAS makes for the capture's stream is counted here; the
+        trace already made the one of this stream, which the plan counts
+        apart. None on the CPU, or where the dry call does not fit.
         """
         if self.device.type != "cuda":
             return None
         flat = self._flat(feeds, self.zero_buffers())
-        _make_workspaces(self.device)
         torch.cuda.synchronize(self.device)
         base = torch.cuda.memory_allocated(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -375,19 +374,6 @@ class FusedGraph:
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")
         return lines
-
-
-def _make_workspaces(device: torch.device) -> None:
-    """Have cuBLAS make its workspaces (one per stream: this one and the captures')."""
-
-    def products() -> None:
-        for dtype in (torch.bfloat16, torch.float32):
-            a = torch.ones((16, 16), dtype=dtype, device=device)
-            torch.addmm(a[0], a, a)  # the cuBLASLt path (bias)
-            torch.mm(a, a)
-
-    products()
-    _dry_capture(products)
 
 
 def _dry_capture(fn: Any) -> None:

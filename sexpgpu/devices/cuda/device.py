@@ -144,17 +144,11 @@ class CudaDevice:
             "gradients": params if self.fuse or per_rank > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            # cuBLAS keeps a workspace per stream: the capture's stream is a second
-            # one, which a dry call's measure of the live set already holds.
-            "workspace": CUBLAS_WORKSPACE * self._streams(compiled, degree) + 3 * largest,
+            # cuBLAS keeps a workspace per stream: the capture's stream is a second one.
+            "workspace": CUBLAS_WORKSPACE * (2 if self._captures() else 1) + 3 * largest,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
-
-    def _streams(self, compiled: CompiledRun, degree: int) -> int:
-        """cuBLAS workspaces the plan counts apart from the live set: one per stream."""
-        measured = self._live.get((id(compiled), degree), (0, True))[1] is None
-        return 2 if self._captures() and not measured else 1
 
     def _captures(self) -> bool:
         """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""

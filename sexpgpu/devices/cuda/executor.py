@@ -10,10 +10,7 @@ The plan, made when the graph is built:
   attention kernel's log-sum-exp and output; cross-entropy's per-row
   log-sum-exp) in a stash keyed by the forward's position, and the gradient
   takes it from there (then the stash entry is dropped) instead of
-  computing it again; a cross-entropy whose gradient's cotangent can be
-  computed before it (a mean's: constants), moved there if need be, runs
-  with its gradient as one op (`sexpgpu.devices.cuda.cross_entropy`), which
-  stashes the gradient itself;
+  computing it again;
 * `planned_peak_bytes` is the schedule's largest live set, computed without
   running from torch element sizes (bf16 = 2 bytes): constants always,
   fed leaves from their first to their last use, views sharing their
@@ -45,7 +42,6 @@ from sexpgpu.devices.cuda.lowering import (
     LOWERINGS,
     cross_entropy_and_lse,
     cross_entropy_grad,
-    cross_entropy_with_grad,
     full_precision,
     torch_dtype,
 )
@@ -100,7 +96,7 @@ class TorchGraph:
         graph = decompose(graph, keep=LOWERINGS.__contains__)
         self.graph = graph
         self.device = torch.device(device)
-        self.order = _cotangents_first(graph.nodes())
+        self.order = graph.nodes()
         self._pos = {id(n): i for i, n in enumerate(self.order)}
         self._outputs = {name: self._pos[id(n)] for name, n in graph.outputs.items()}
         self._backends = {
@@ -111,7 +107,6 @@ class TorchGraph:
         self._used: dict[int, AttentionAux] = {}
         full_precision(self.device)
         self.steps, self._stash_users, last = self._plan()
-        self._joint = self._joint_forwards()
         self.planned_peak_bytes, self.peak_node = self._peak(last)
         self._constants = {
             i: LOWERINGS[n.op](n, self.device)
@@ -136,20 +131,6 @@ class TorchGraph:
             elif key in forwards:
                 pairs[i] = forwards[key]
         return pairs
-
-    def _joint_forwards(self) -> dict[int, int]:
-        """Cross-entropy position -> its one gradient's, where the two run as one op.
-
-        The gradient's cotangent must be computed before the forward
-        (`_cotangents_first` moves it there where it can).
-        """
-        joint = {}
-        for j, step in enumerate(self.steps):
-            i = step.forward
-            alone = step.node.op is Op.CROSS_ENTROPY_GRAD and self._stash_users[i] == 1
-            if alone and step.args[2] < i:
-                joint[i] = j
-        return joint
 
     def _plan(self) -> tuple[list[_Step], Counter, list[int]]:
         pairs = self._pairs()
@@ -180,18 +161,11 @@ class TorchGraph:
                 nbytes[i] = node.size * _itemsize(node.dtype)
         change: Counter = Counter()  # stashed log-sum-exp: from the forward to its last grad
         for i in self._stash_users:
-            if i in self._joint:  # the gradient itself, its node's buffer from then on
-                j = self._joint[i]
-                change[i] += nbytes[j]
-                change[j] -= nbytes[j]
-                continue
             rows = self.order[i].inputs[0]  # q, or the logits
             lse = 4 * (rows.size // max(rows.shape[-1], 1))  # f32, one per row
             change[i] += lse
             change[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
         transient = [_temporary_bytes(node) for node in self.order]
-        for i in self._joint:
-            transient[i] = 0 if self.device.type == "cuda" else _temporary_bytes(self.order[i])
         return simulate_peak(
             self.order,
             storage,
@@ -255,14 +229,8 @@ class TorchGraph:
         elif node.op is Op.ATTENTION_GRAD:
             q, k, v, g = args
             out = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=self._backends[i])
-        elif node.op is Op.CROSS_ENTROPY and i in self._joint:
-            gradient = self.steps[self._joint[i]]
-            g = values[gradient.args[2]]
-            out, aux = cross_entropy_with_grad(node, gradient.node, *args, g)
         elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
             out, aux = cross_entropy_and_lse(node, *args)
-        elif node.op is Op.CROSS_ENTROPY_GRAD and step.forward in self._joint:
-            out = aux  # made with the forward
         elif node.op is Op.CROSS_ENTROPY_GRAD:  # aux: the forward's log-sum-exp, if kept
             out = cross_entropy_grad(node, *args, aux)
         else:
@@ -304,20 +272,11 @@ class TorchGraph:
             "attention_nodes": self.attention_backends(),
             "stashed": sum(self._stash_users.values()),
             "ops": {
-                op.label: {"kernel": self._kernel(op, backends), "count": count}
+                op.label: {"kernel": _kernel(op, backends), "count": count}
                 for op, count in sorted(counts.items(), key=lambda item: item[0].value)
             },
             "planned_peak_bytes": self.planned_peak_bytes,
         }
-
-    def _kernel(self, op: Op, backends: list[str]) -> str:
-        if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
-            return f"{KERNELS[op]} ({', '.join(backends)})"
-        if op in (Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD) and self._joint:
-            where = "Triton on CUDA" if self.device.type == "cuda" else "torch ops here"
-            joint = f"with its gradient, one pass: sexpgpu::cross_entropy_rows ({where})"
-            return f"{joint} x{len(self._joint)}; alone: {KERNELS[op]}"
-        return KERNELS[op]
 
     def report_lines(self) -> list[str]:
         """`report` as log lines: ``lowering: matmul x12 -> torch.matmul (cuBLAS on CUDA)``."""
@@ -328,40 +287,10 @@ class TorchGraph:
         return lines
 
 
-def _cotangents_first(order: list[Node]) -> list[Node]:
-    """`order` with each cross-entropy gradient's cotangent computed before its forward.
-
-    Where the cotangent does not depend on the forward (a mean over rows:
-    constants and broadcasts), the nodes it needs that come after the forward
-    move to just before it, in their order; elsewhere the order stays.
-    """
-    for grad in [n for n in order if n.op is Op.CROSS_ENTROPY_GRAD]:
-        pos = {id(n): k for k, n in enumerate(order)}
-        forward = next(
-            (
-                n
-                for n in order[: pos[id(grad)]]
-                if n.op is Op.CROSS_ENTROPY
-                and all(a is b for a, b in zip(n.inputs, grad.inputs[:2], strict=False))
-            ),
-            None,
-        )
-        if forward is None:
-            continue
-        at = pos[id(forward)]
-        moved, stack, depends = set(), [grad.inputs[2]], False
-        while stack and not depends:
-            node = stack.pop()
-            if pos[id(node)] < at or id(node) in moved:
-                continue
-            depends = node is forward
-            moved.add(id(node))
-            stack.extend(node.inputs)
-        if depends or not moved:
-            continue
-        hoisted = [n for n in order[at:] if id(n) in moved]
-        order = order[:at] + hoisted + [n for n in order[at:] if id(n) not in moved]
-    return order
+def _kernel(op: Op, backends: list[str]) -> str:
+    if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
+        return f"{KERNELS[op]} ({', '.join(backends)})"
+    return KERNELS[op]
 
 
 def _temporary_bytes(node: Node) -> int:

@@ -328,15 +328,12 @@ class FusedGraph:
         return self._outputs
 
     def call_peak_bytes(self, feeds: Mapping[str, Any]) -> int | None:
-        """The most bytes the run's calls hold beyond their operands (dry calls; GPU only).
+        """The most bytes one plain call holds beyond its operands (a dry call; GPU only).
 
         Inductor decides which buffers share memory, so the fused step's live
-        set is read from the allocator before the first step, rather than from
-        the op-by-op schedule: over a plain call (a step's first) and a
-        capture (what the replays hold; it is thrown away), the larger. A
-        workspace cuBLAS makes for the capture's stream is counted here; the
-        trace already made the one of this stream, which the plan counts
-        apart. None on the CPU, or where the dry call does not fit.
+        set is read from the allocator over one call on `feeds` before the
+        first step, rather than from the op-by-op schedule. None on the CPU,
+        or where the dry call does not fit.
         """
         if self.device.type != "cuda":
             return None
@@ -346,8 +343,6 @@ class FusedGraph:
         torch.cuda.reset_peak_memory_stats(self.device)
         try:
             self._compiled(*flat)
-            if self.capture:
-                _dry_capture(lambda: self._compiled(*flat))
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             return None  # the schedule's estimate stands; the run's own retry takes over
@@ -374,21 +369,6 @@ class FusedGraph:
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")
         return lines
-
-
-def _dry_capture(fn: Any) -> None:
-    """Capture `fn` into a CUDA graph that is thrown away; a refused capture is let be.
-
-    The run's own capture reports a refusal (`FusedGraph._ready`).
-    """
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = fn()
-    except RuntimeError as error:
-        log.debug("dry capture refused: %s", error)
-        return
-    del out, graph
 
 
 def _fed_ids(graph: Graph) -> dict[Node, Node | None]:

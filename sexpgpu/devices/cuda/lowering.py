@@ -339,23 +339,6 @@ def cross_entropy_grad(node: Node, logits: T, targets: T, g: T, lse: T | None = 
     return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
 
 
-def cross_entropy_with_grad(node: Node, grad: Node, logits: T, targets: T, g: T) -> tuple[T, T]:
-    """`node`'s per-row loss and its gradient `grad` (cotangent `g`) in one pass over the logits.
-
-    Through ``sexpgpu::cross_entropy_rows``: sexpgpu's Triton kernel on CUDA,
-    torch ops elsewhere (`sexpgpu.devices.cuda.cross_entropy`).
-    """
-    from sexpgpu.devices.cuda.cross_entropy import cross_entropy_rows
-
-    _check_ids(node, targets, logits.shape[-1])
-    rows = logits.reshape(-1, logits.shape[-1])
-    cotangent = g.reshape(-1).to(_wide(logits.dtype))
-    loss, dlogits = cross_entropy_rows(
-        rows, targets.reshape(-1), cotangent, torch_dtype(grad.dtype)
-    )
-    return loss.reshape(targets.shape).to(torch_dtype(node.dtype)), dlogits.reshape(logits.shape)
-
-
 @lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")
 def _cross_entropy(node: Node, logits: T, targets: T) -> T:
     return cross_entropy_and_lse(node, logits, targets)[0]

@@ -16,8 +16,8 @@ uploaded, so one seed gives one result on every backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from functools import cache

@@ -14,6 +14,7 @@ share of a step shows as what the whole step takes beyond their sum.
 """
 
 import argparse
+import ast
 import sys
 import time
 from collections import defaultdict
@@ -41,7 +42,7 @@ for setting in args.inductor:
     *path, last = key.split(".")
     for part in path:
         target = getattr(target, part)
-    setattr(target, last, eval(value, {}))  # a dev script: True, 2, "name"
+    setattr(target, last, ast.literal_eval(value))  # True, 2, "name"
 shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
 rng = np.random.default_rng(0)
 t = rng.integers(0, 256, (args.batch, 1025)).astype(np.int32)

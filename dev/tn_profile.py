@@ -6,7 +6,7 @@ Four parts, each printed as it is measured:
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
    a site's upload by each staging path, ZGEMM/CGEMM, QR of the sketch, the
    SVD drivers and eigh of an ``R`` factor, the host SVD.
-2. ``profile``: one sweep (``--profile-sites``, ``--profile-chi``, complex128)
+2. ``profile``: one sweep (``--profile-sites``, ``--profile-chi``, ``--profile-dtype``)
    under torch.profiler, GPU time by kernel, with sexpgpu.tn's pass times.
 3. ``variants``: wall time of sexpgpu.tn under staging threads and tile
    sizes, against src-method in the same process.
@@ -134,6 +134,28 @@ def _cqr2_native(y):
     return x
 
 
+def _blocked_cholesky(g, block: int):
+    """Upper Cholesky by halves down to ``block`` (cuSOLVER's below): TRSM and GEMM between."""
+    n = g.shape[0]
+    if n <= block:
+        return torch.linalg.cholesky_ex(g, upper=True)[0]
+    h = n // 2
+    r11 = _blocked_cholesky(g[:h, :h], block)
+    r12 = torch.linalg.solve_triangular(r11.mH, g[:h, h:], upper=False)  # R11^H R12 = G12
+    r22 = _blocked_cholesky(g[h:, h:] - r12.mH @ r12, block)
+    r = torch.zeros_like(g)
+    r[:h, :h], r[:h, h:], r[h:, h:] = r11, r12, r22
+    return r
+
+
+def _magma_cholesky(g):
+    torch.backends.cuda.preferred_linalg_library("magma")
+    try:
+        return torch.linalg.cholesky_ex(g, upper=True)
+    finally:
+        torch.backends.cuda.preferred_linalg_library("default")
+
+
 def qr(chi: int) -> None:
     """Householder QR of a (4 chi, chi) sketch against the CholeskyQR2 variants."""
     dev = torch.device("cuda")
@@ -162,6 +184,10 @@ def qr(chi: int) -> None:
         parts = {
             "  gram (double)": lambda w=wide: w.mH @ w,
             "  cholesky_ex (double)": lambda g=gram: torch.linalg.cholesky_ex(g, upper=True),
+            "  cholesky_ex, MAGMA": lambda g=gram: _magma_cholesky(g),
+            "  cholesky by halves to 128": lambda g=gram: _blocked_cholesky(g, 128),
+            "  cholesky by halves to 256": lambda g=gram: _blocked_cholesky(g, 256),
+            "  cholesky by halves to 512": lambda g=gram: _blocked_cholesky(g, 512),
             "  solve_triangular (double)": lambda w=wide, r=r: torch.linalg.solve_triangular(
                 r, w, upper=True, left=False
             ),
@@ -186,15 +212,21 @@ class Passes(logging.Handler):
 
 
 def problem(n: int, chi: int, dtype: str):
+    """The benchmark's problem, A at norm 1 spread over its sites (as benches/tn_gpu.py).
+
+    Unscaled, complex64's environments underflow and the QR falls back.
+    """
     rng = np.random.default_rng(0)
-    return random_mpo(n, chi, rng, dtype), perturbed_identity(n, rng, dtype)
+    a, b = random_mpo(n, chi, rng, dtype), perturbed_identity(n, rng, dtype)
+    per_site = inner([a], [a]).real ** (-0.5 / n)
+    return [(site * per_site).astype(dtype) for site in a], b
 
 
-def profile(n: int, chi: int, passes: Passes) -> None:
+def profile(n: int, chi: int, dtype: str, passes: Passes) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    a, b = problem(n, chi, "complex128")
-    print(f"## profile, n={n} chi={chi} complex128")
+    a, b = problem(n, chi, dtype)
+    print(f"## profile, n={n} chi={chi} {dtype}")
     ours = clock(lambda: tn.apply(a, b, chi, seed=1, device="gpu"), 2)
     theirs = clock(lambda: src_method.apply(a, b, chi, seed=1, device="gpu"), 2)
     print(f"wall: sexpgpu.tn {ours:.3f} s, src-method {theirs:.3f} s, ratio {theirs / ours:.2f}")
@@ -267,10 +299,6 @@ def busy(n: int, chi: int, dtypes: list[str], passes: Passes) -> None:
     try:
         for dtype in dtypes:
             a, b = problem(n, chi, dtype)
-            # A at norm 1, spread over the sites, as benches/tn_gpu.py has it
-            # (else complex64's environments underflow and the QR falls back).
-            per_site = inner([a], [a]).real ** (-0.5 / n)
-            a = [(site * per_site).astype(dtype) for site in a]
 
             def run(a=a, b=b):
                 return tn.apply(a, b, chi, seed=1, device="gpu")
@@ -334,6 +362,7 @@ def main() -> None:
     parser.add_argument("--chi", type=int, default=1000)
     parser.add_argument("--profile-sites", type=int, default=20)
     parser.add_argument("--profile-chi", type=int, default=500)
+    parser.add_argument("--profile-dtype", default="complex128")
     parser.add_argument("--variant-sites", type=int, default=25)
     parser.add_argument("--busy-sites", type=int, default=50)
     parser.add_argument("--busy-dtypes", nargs="+", default=["complex128", "complex64"])
@@ -347,7 +376,7 @@ def main() -> None:
     if "pieces" in args.parts:
         pieces(args.chi)
     if "profile" in args.parts:
-        profile(args.profile_sites, args.profile_chi, passes)
+        profile(args.profile_sites, args.profile_chi, args.profile_dtype, passes)
     if "variants" in args.parts:
         variants(args.variant_sites, args.chi, passes)
     if "qr" in args.parts:

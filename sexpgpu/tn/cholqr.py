@@ -51,14 +51,20 @@ def _wider(dtype: Any) -> Any:
     return {torch.float32: torch.float64, torch.complex64: torch.complex128}.get(dtype, dtype)
 
 
-def _cholesky_qr(y: Any) -> tuple[Any, Any, Any, Any]:
-    """One pass: ``Q``, ``R``, Cholesky's ``info`` (0: success) and the Gram matrix."""
+def _first_order_limit(dtype: Any) -> float:
+    """The largest ``||E||_F`` whose square is below ``dtype``'s rounding (`cholesky_qr2`)."""
     import torch
 
-    gram = y.mH @ y  # (n, n)
+    return float(torch.finfo(dtype).eps) ** 0.5
+
+
+def _cholesky_qr(y: Any, gram: Any) -> tuple[Any, Any, Any]:
+    """One pass from the Gram matrix ``y^H y``: ``Q``, ``R``, Cholesky's ``info`` (0: ok)."""
+    import torch
+
     r, info = torch.linalg.cholesky_ex(gram, upper=True)  # no host sync on failure
     q = torch.linalg.solve_triangular(r, y, upper=True, left=False)  # q r = y
-    return q, r, info, gram
+    return q, r, info
 
 
 def cholesky_qr2(x: Any, *, with_r: bool) -> tuple[Any, Any | None, Any]:
@@ -83,11 +89,26 @@ def cholesky_qr2(x: Any, *, with_r: bool) -> tuple[Any, Any | None, Any]:
     import torch
 
     assert x.shape[0] >= x.shape[1], x.shape
-    q1, r1, info1, _ = _cholesky_qr(x.to(_wider(x.dtype)))  # a copy only in single precision
-    q, r2, info2, gram = _cholesky_qr(q1)
-    del q1
-    gram.diagonal().sub_(1)
+    wide = x.to(_wider(x.dtype))  # a copy only in single precision
+    q1, r1, info1 = _cholesky_qr(wide, wide.mH @ wide)
+    del wide
+    gram = q1.mH @ q1
+    gram.diagonal().sub_(1)  # E = Q1^H Q1 - I
     slack = torch.linalg.matrix_norm(gram)  # Frobenius; NaN where anything went non-finite
-    failed = (info1 != 0) | (info2 != 0) | ~(slack <= ORTHOGONALITY_SLACK)
+    failed = (info1 != 0) | ~(slack <= ORTHOGONALITY_SLACK)
+    if float(slack) <= _first_order_limit(x.dtype):  # the one host sync
+        # chol(I + E) = I + U + O(E^2) for U = triu(E) with half its diagonal,
+        # and (I + U)^-1 = I - U + O(E^2): below the limit, O(E^2) is below
+        # the result's rounding, and one GEMM replaces a Cholesky and a TRSM.
+        u = gram.triu_()
+        u.diagonal().mul_(0.5)
+        q = torch.addmm(q1, q1, u, alpha=-1)
+        r2 = u
+        r2.diagonal().add_(1)
+    else:
+        gram.diagonal().add_(1)
+        q, r2, info2 = _cholesky_qr(q1, gram)
+        failed |= info2 != 0
+    del q1
     r = (r2 @ r1).to(x.dtype) if with_r else None
     return q.to(x.dtype), r, failed

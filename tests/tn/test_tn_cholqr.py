@@ -9,6 +9,7 @@ import pytest
 import torch
 from tn_helpers import EXACT_TOL, dense_stack, make_stack, random_mps, rel_error, run_src
 
+import sexpgpu.tn.cholqr as cholqr
 from sexpgpu.runtime.devices import Device
 from sexpgpu.tn import Resources
 from sexpgpu.tn.backend import TorchBackend
@@ -59,6 +60,28 @@ def test_cholesky_qr2_matches_householder(dtype, kappa):
     qh, rh = TorchBackend(Device("cpu", 0)).qr(y)
     assert torch.linalg.matrix_norm(q - qh) < 1e3 * kappa * TOL[dtype]
     assert torch.linalg.matrix_norm(r - rh) < 1e3 * kappa * TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kappa", "passes"),
+    [(np.float64, 10.0, 1), (np.complex128, 1e5, 2), (np.complex64, 1e5, 1)],
+    ids=["float64-well", "complex128-ill", "complex64-ill"],
+)
+def test_second_pass_is_first_order_where_q1_is_nearly_orthonormal(
+    monkeypatch, dtype, kappa, passes
+):
+    # ||Q1^H Q1 - I|| grows like u kappa^2 (u of double): at kappa 10 its square is
+    # below double's rounding, at 1e5 only below single's (single sketches are
+    # factored in double), so the second Cholesky is skipped in both of those.
+    calls = []
+    one_pass = cholqr._cholesky_qr
+    monkeypatch.setattr(cholqr, "_cholesky_qr", lambda *a: calls.append(1) or one_pass(*a))
+    y = _conditioned(300, 80, kappa, dtype, seed=3)
+    q, r, failed = cholesky_qr2(y, with_r=True)
+    assert len(calls) == passes and not failed
+    _check_qr(y, q, r, dtype)
+    qh, _rh = TorchBackend(Device("cpu", 0)).qr(y)
+    assert torch.linalg.matrix_norm(q - qh) < 1e3 * kappa * TOL[dtype]
 
 
 def _rank_deficient(m, n, rank, dtype):

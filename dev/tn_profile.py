@@ -357,6 +357,54 @@ def _print_busy(prof, dtype: str) -> None:
         )
 
 
+def uploads() -> None:
+    """A site's upload: staged through page-locked memory, or its own pages registered."""
+    print("## uploads, median of 8 arrays (each upload a different array)")
+    for mib in (32, 61):
+        _uploads_of(mib)
+
+
+def _uploads_of(mib: int) -> None:
+    cudart = torch.cuda.cudart()
+    arrays = [np.full(mib << 17, float(i)) for i in range(8)]  # float64, mib MiB each
+    dev = torch.empty(arrays[0].size, dtype=torch.float64, device="cuda")
+    turn = iter(range(10**9))
+
+    def pick():
+        return arrays[next(turn) % len(arrays)]
+
+    def staged():
+        x = pick()
+        host = torch.empty(x.shape, dtype=torch.float64, pin_memory=True)
+        backend.copy_parallel(host.numpy(), x)
+        dev.copy_(host, non_blocking=True)
+
+    def registered(copy=True):
+        x = pick()
+        assert int(cudart.cudaHostRegister(x.ctypes.data, x.nbytes, 0)) == 0
+        if copy:
+            dev.copy_(torch.from_numpy(x), non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+        assert int(cudart.cudaHostUnregister(x.ctypes.data)) == 0
+
+    def pageable():
+        dev.copy_(torch.from_numpy(pick()))
+
+    x = arrays[0]
+    cudart.cudaHostRegister(x.ctypes.data, x.nbytes, 0)
+    pinned = torch.from_numpy(x).is_pinned()
+    cudart.cudaHostUnregister(x.ctypes.data)
+    print(f"{mib} MiB: registered memory counts as pinned: {pinned}")
+    rows = {
+        "staged (copy_parallel + DMA)": staged,
+        "registered, DMA, unregistered": registered,
+        "register + unregister alone": lambda: registered(copy=False),
+        "pageable .copy_": pageable,
+    }
+    for name, fn in rows.items():
+        print(f"{mib} MiB: {name:32s} {clock(fn, 8) * 1e3:7.2f} ms", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chi", type=int, default=1000)
@@ -383,6 +431,8 @@ def main() -> None:
         qr(args.chi)
     if "busy" in args.parts:
         busy(args.busy_sites, args.chi, args.busy_dtypes, passes)
+    if "uploads" in args.parts:
+        uploads()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ multi-tensor kernels instead of a launch per parameter.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,15 +37,17 @@ class AdamWStep:
     """One AdamW update's numbers (step is 1-based), as ``torch.optim.AdamW``.
 
     The gradients enter multiplied by `grad_scale` (the clipping factor: a
-    host number or the backend's device scalar), where it is not None.
+    host number or the backend's device scalar), where it is not None. `lr`
+    and `step` are what `ArrayOps.scalars` gave: host numbers, or device
+    scalars on a backend that may replay the update.
     """
 
-    lr: float
+    lr: Any
     beta1: float
     beta2: float
     eps: float
     weight_decay: float
-    step: int
+    step: Any
     grad_scale: Any = None
 
     @property
@@ -58,7 +60,12 @@ class AdamWStep:
 
 
 class ArrayOps(Protocol):
-    """A backend's arrays: making, moving and the reductions of the update."""
+    """A backend's arrays: making, moving and the reductions of the update.
+
+    `events` collects lines for the run's annotations (a captured update, say).
+    """
+
+    events: list[str]
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         """A float32 array of zeros on the device."""
@@ -82,6 +89,26 @@ class ArrayOps(Protocol):
 
     def clip_scale(self, norm: Any, max_norm: float | None) -> Any:
         """`clip_factor` of `norm` (from `norm`): None, a host number or a device scalar."""
+        ...
+
+    def scalars(self, name: str, **values: float) -> dict[str, Any]:
+        """`values` as the update's kernels read them: host numbers, or device scalars.
+
+        A backend that replays the update (`replayed`) keeps one device scalar
+        per ``name`` and key and refills it here, outside the replayed part.
+        """
+        ...
+
+    def replayed(
+        self, key: tuple[Any, ...], arrays: Sequence[Any], queue: Callable[[], Any]
+    ) -> Any:
+        """``queue()``, a function that only queues work on the device, and its result.
+
+        `key` holds the host values `queue` builds into its work and `arrays`
+        every array it reads or writes beyond `scalars`; a backend may capture
+        `queue` once both come twice in a row (the arrays at the same
+        addresses) and replay it from then on.
+        """
         ...
 
     def argmax_hits(self, output: Any, target: np.ndarray) -> int:
@@ -120,6 +147,9 @@ class ArrayOps(Protocol):
 class NumpyOps:
     """`ArrayOps` on host NumPy arrays."""
 
+    def __init__(self) -> None:
+        self.events: list[str] = []  # nothing to say: NumPy's update runs as written
+
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, np.float32)
 
@@ -137,6 +167,14 @@ class NumpyOps:
 
     def argmax_hits(self, output: np.ndarray, target: np.ndarray) -> int:
         return int(np.sum(np.argmax(output, axis=-1) == target))
+
+    def scalars(self, name: str, **values: float) -> dict[str, Any]:
+        return values
+
+    def replayed(
+        self, key: tuple[Any, ...], arrays: Sequence[Any], queue: Callable[[], Any]
+    ) -> Any:
+        return queue()
 
     def divide(self, xs: Sequence[np.ndarray], divisor: float) -> None:
         for x in xs:

@@ -77,6 +77,9 @@ class Optimizer:
     name = ""
     defaults: ClassVar[Mapping[str, Any]] = {}
     moments: ClassVar[tuple[str, ...]] = ()
+    # Whether `queue` reads every per-step number from `ArrayOps.scalars`, so
+    # that the queued half can be captured once and replayed.
+    replayable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -116,6 +119,15 @@ class Optimizer:
         a device scalar): an optimizer may fold it into its own kernels
         instead of a pass over the gradients.
         """
+        self.advance(lr)
+        self.queue(params, grads, scale)
+
+    def advance(self, lr: float) -> None:
+        """The host's half of a step: count it and set its numbers (learning rate `lr`)."""
+        raise NotImplementedError
+
+    def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
+        """The device's half of the step `advance` set: the arithmetic, in place."""
         raise NotImplementedError
 
     def tensors(self) -> Arrays:
@@ -146,12 +158,16 @@ class Sgd(Optimizer):
     defaults: ClassVar[Mapping[str, Any]] = {"lr": 0.01, "momentum": 0.0, "nesterov": False}
     moments: ClassVar[tuple[str, ...]] = ("momentum",)
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: Any = None) -> None:
+    def advance(self, lr: float) -> None:
+        self.steps += 1
+        self._lr = lr  # a host number in `queue`'s arithmetic: not replayable
+
+    def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
         if scale is not None:
             self.xp.multiply(list(grads.values()), scale)
         mu = float(self.options["momentum"])
         nesterov = bool(self.options["nesterov"])
-        self.steps += 1
+        lr = self._lr
         for k, p in params.items():
             g = grads[k]
             if mu:
@@ -180,16 +196,21 @@ class AdamW(Optimizer):
         "weight_decay": 0.0,
     }
     moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
+    replayable: ClassVar[bool] = True
 
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: Any = None) -> None:
+    def advance(self, lr: float) -> None:
+        self.steps += 1
+        self._numbers = self.xp.scalars("adamw", lr=lr, step=float(self.steps))
+
+    def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
         b1, b2 = (float(b) for b in self.options["betas"])
         eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
-        self.steps += 1
+        lr, steps = self._numbers["lr"], self._numbers["step"]
         m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
         # Decayed and plain parameters in one call each, in the parameters' order.
         for decays in (True, False):
             keys = [k for k in params if bool(wd and self.decay.get(k, True)) is decays]
-            numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, self.steps, scale)
+            numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, steps, scale)
             self.xp.adamw(
                 [params[k] for k in keys],
                 [grads[k] for k in keys],

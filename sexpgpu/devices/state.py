@@ -187,12 +187,24 @@ class TrainState:
 
     def update(self, lr: float, clip: float | None) -> float:
         assert self._sums is not None and self.optimizer is not None
-        grads = self._sums.grads
-        # The norm and the clipping factor stay on the device and go into the
-        # update's own kernels: the host reads the norm once the update is queued.
-        norm = self.xp.norm(list(grads.values()))
-        self.optimizer.step(self.values, grads, lr, self.xp.clip_scale(norm, clip))
+        grads, optimizer, xp = self._sums.grads, self.optimizer, self.xp
+        optimizer.advance(lr)
+
+        def queue() -> Any:
+            # The norm and the clipping factor stay on the device and go into the
+            # update's own kernels: the host reads the norm once the update is queued.
+            norm = xp.norm(list(grads.values()))
+            optimizer.queue(self.values, grads, xp.clip_scale(norm, clip))
+            return norm
+
+        if optimizer.replayable:
+            # Everything the queued update touches: a backend may capture it and replay it.
+            arrays = [*self.values.values(), *grads.values(), *optimizer.tensors().values()]
+            norm = xp.replayed(("update", clip), arrays, queue)
+        else:
+            norm = queue()
         self._sums = None
+        self._take_events()
         return float(norm)
 
     # -- evaluation and diagnostics ----------------------------------------------------------
@@ -216,6 +228,7 @@ class TrainState:
         return peak
 
     def _take_events(self) -> None:
-        if self._split.events:
-            self.events += self._split.events
-            self._split.events.clear()
+        for source in (self._split.events, self.xp.events):
+            if source:
+                self.events += source
+                source.clear()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from sexpgpu.devices.arrays import AdamWStep
+from sexpgpu.devices.cuda.replay import Replay
 
 __all__ = ["TorchOps"]
 
@@ -17,6 +19,26 @@ class TorchOps:
 
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
+        self._scalars: dict[tuple[str, str], torch.Tensor] = {}
+        self.events: list[str] = []
+        self.replay = Replay(self.device, self.events)
+
+    def scalars(self, name: str, **values: float) -> dict[str, Any]:
+        # Kept for the run and refilled in place, on the device's stream (no
+        # host sync): a replayed update reads this step's numbers from them.
+        out = {}
+        for key, value in values.items():
+            slot = self._scalars.get((name, key))
+            if slot is None:
+                slot = self._scalars[name, key] = self.zeros(())
+            out[key] = slot.fill_(value)
+        return out
+
+    def replayed(
+        self, key: tuple[Any, ...], arrays: Sequence[torch.Tensor], queue: Callable[[], Any]
+    ) -> Any:
+        # By address: a capture reads and writes its operands' memory, whichever tensors hold it.
+        return self.replay((*key, *(a.data_ptr() for a in arrays)), queue)
 
     def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=torch.float32, device=self.device)
@@ -60,9 +82,9 @@ class TorchOps:
     ) -> None:
         if not params:
             return
-        # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all.
-        # Filled on the device: a copy from the host would wait for the step's kernels.
-        steps = [torch.full((), float(step.step), device=self.device)] * len(params)
+        # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all,
+        # its step count and learning rate read from device scalars (`scalars`).
+        steps = [_scalar(step.step, self.device)] * len(params)
         # The kernel divides each gradient by `grad_scale` as it reads it.
         divisor = None
         if isinstance(step.grad_scale, torch.Tensor):
@@ -76,7 +98,7 @@ class TorchOps:
             list(v),
             [],
             steps,
-            lr=step.lr,
+            lr=_scalar(step.lr, self.device),
             beta1=step.beta1,
             beta2=step.beta2,
             weight_decay=step.weight_decay,
@@ -89,3 +111,10 @@ class TorchOps:
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:
         truth = torch.from_numpy(np.asarray(target, np.int64)).to(output.device)
         return int(torch.sum(torch.argmax(output, dim=-1) == truth))
+
+
+def _scalar(value: Any, device: torch.device) -> torch.Tensor:
+    """A float32 device scalar: `value` itself where it is one (`TorchOps.scalars`)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.full((), float(value), dtype=torch.float32, device=device)

@@ -1,0 +1,107 @@
+"""The update replayed as a CUDA graph (`sexpgpu.devices.cuda.replay`, `TorchOps.replayed`).
+
+On PyTorch's CPU device the update runs as written; the tests marked ``gpu``
+capture it and check that the replays compute what plain calls compute,
+bit for bit, in a whole training run too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sexpgpu.devices.cuda.arrays import TorchOps  # noqa: E402
+from sexpgpu.devices.cuda.device import CudaDevice  # noqa: E402
+from sexpgpu.devices.cuda.replay import Replay  # noqa: E402
+
+GPU = pytest.mark.gpu
+
+MLP = """
+(defdata digits (digits) :split 0.9)
+(defmodel mlp (x) (-> x (linear 32) gelu (linear 10)))
+(defrun train :model mlp :data digits :loss (cross-entropy (mlp x) y)
+  :optimizer (adamw :lr 1e-2 :weight-decay 0.1)
+  :schedule (cosine :warmup 2) :batch 16 :steps 6 :clip 0.5 :seed 3)
+"""
+
+
+def _cuda() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    return torch.device("cuda")
+
+
+def _adder(xp: TorchOps, x: torch.Tensor):
+    """A queue-only function: ``x += value`` read from a device scalar, and x's sum."""
+
+    def call(value: float) -> float:
+        scalar = xp.scalars("test", value=value)["value"]
+        return float(xp.replayed(("add",), [x], lambda: (x.add_(scalar), x.sum())[1]))
+
+    return call
+
+
+def test_on_the_cpu_every_call_runs_the_function() -> None:
+    xp = TorchOps(torch.device("cpu"))
+    x = torch.zeros(4)
+    add = _adder(xp, x)
+    assert [add(v) for v in (1.0, 2.0, 3.0)] == [4.0, 12.0, 24.0]
+    assert xp.replay.captures == 0 and xp.events == []
+
+
+@GPU
+def test_the_second_call_captures_and_later_calls_replay_with_new_scalars() -> None:
+    xp = TorchOps(_cuda())
+    x = torch.zeros(4, device="cuda")
+    add = _adder(xp, x)
+    sums = [add(v) for v in (1.0, 2.0, 3.0, 4.0)]
+    assert sums == [4.0, 12.0, 24.0, 40.0]  # the replays read each call's scalar
+    assert xp.replay.captures == 1
+    assert xp.events == ["update: captured as a CUDA graph, replayed from this step on"]
+    y = torch.zeros(4, device="cuda")  # other operands: plain once, then a new capture
+    add_y = _adder(xp, y)
+    assert [add_y(v) for v in (1.0, 1.0, 1.0)] == [4.0, 8.0, 12.0]
+    assert xp.replay.captures == 2
+    assert float(x.sum()) == 40.0  # the old graph no longer runs
+
+
+@GPU
+def test_a_refused_capture_leaves_plain_calls(monkeypatch) -> None:
+    xp = TorchOps(_cuda())
+
+    def refuse() -> None:
+        raise RuntimeError("capture refused by the driver")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", refuse)
+    x = torch.zeros(4, device="cuda")
+    add = _adder(xp, x)
+    assert [add(v) for v in (1.0, 2.0, 3.0)] == [4.0, 12.0, 24.0]
+    assert xp.replay.refused == "RuntimeError: capture refused by the driver"
+    assert xp.events[0].startswith("update: no CUDA graph (RuntimeError")
+
+
+@GPU
+def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monkeypatch) -> None:
+    from sexpgpu.train import prepare_run
+    from sexpgpu.train.metrics import read_series
+
+    _cuda()
+    path = tmp_path / "mlp.lisp"
+    path.write_text(MLP)
+    plain = Replay.__call__
+    runs, notes = {}, {}
+    for name in ("replayed", "plain"):
+        if name == "plain":
+            monkeypatch.setattr(Replay, "__call__", lambda self, key, queue: queue())
+        prepare_run(path, out=tmp_path / name, backend=CudaDevice("cuda")).run()
+        values = read_series(tmp_path / name, "train/loss")
+        runs[name] = np.array([values[s] for s in sorted(values)])
+        notes[name] = (tmp_path / name / "metrics.jsonl").read_text()
+    monkeypatch.setattr(Replay, "__call__", plain)
+    np.testing.assert_array_equal(runs["replayed"], runs["plain"])
+    assert "update: captured as a CUDA graph" in notes["replayed"]
+    assert "update: captured" not in notes["plain"]

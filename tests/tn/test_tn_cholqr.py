@@ -63,22 +63,32 @@ def test_cholesky_qr2_matches_householder(dtype, kappa):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "kappa", "passes"),
-    [(np.float64, 10.0, 1), (np.complex128, 1e5, 2), (np.complex64, 1e5, 1)],
-    ids=["float64-well", "complex128-ill", "complex64-ill"],
+    ("dtype", "kappa", "second"),
+    [
+        (np.complex64, 10.0, "none"),
+        (np.float64, 10.0, "first order"),
+        (np.complex64, 1e5, "first order"),
+        (np.complex128, 1e5, "full"),
+    ],
+    ids=["complex64-well", "float64-well", "complex64-ill", "complex128-ill"],
 )
-def test_second_pass_is_first_order_where_q1_is_nearly_orthonormal(
-    monkeypatch, dtype, kappa, passes
-):
-    # ||Q1^H Q1 - I|| grows like u kappa^2 (u of double): at kappa 10 its square is
-    # below double's rounding, at 1e5 only below single's (single sketches are
-    # factored in double), so the second Cholesky is skipped in both of those.
-    calls = []
-    one_pass = cholqr._cholesky_qr
-    monkeypatch.setattr(cholqr, "_cholesky_qr", lambda *a: calls.append(1) or one_pass(*a))
+def test_the_second_pass_is_the_cheapest_exact_to_rounding(monkeypatch, dtype, kappa, second):
+    # ||Q1^H Q1 - I|| grows like u kappa^2 (u of double: single sketches are
+    # factored in double). At kappa 10 it is below single's rounding (no second
+    # pass) and its square below double's (first order); at 1e5 only its square
+    # is below single's rounding.
+    calls = {"cholesky": 0, "gemm": 0}
+    one_pass, addmm = cholqr._cholesky_qr, torch.addmm
+
+    def counted(name, fn):
+        return lambda *a, **k: calls.__setitem__(name, calls[name] + 1) or fn(*a, **k)
+
+    monkeypatch.setattr(cholqr, "_cholesky_qr", counted("cholesky", one_pass))
+    monkeypatch.setattr(torch, "addmm", counted("gemm", addmm))
     y = _conditioned(300, 80, kappa, dtype, seed=3)
     q, r, failed = cholesky_qr2(y, with_r=True)
-    assert len(calls) == passes and not failed
+    expected = {"none": (1, 0), "first order": (1, 1), "full": (2, 0)}[second]
+    assert (calls["cholesky"], calls["gemm"]) == expected and not failed
     _check_qr(y, q, r, dtype)
     qh, _rh = TorchBackend(Device("cpu", 0)).qr(y)
     assert torch.linalg.matrix_norm(q - qh) < 1e3 * kappa * TOL[dtype]

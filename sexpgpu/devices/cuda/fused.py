@@ -180,7 +180,6 @@ class FusedGraph:
         self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
         flat = self._flat(examples, self.zero_buffers())
         self._marks: list[tuple[int, int]] = []
-        _warm_compile_workers()
         began = time.perf_counter()
         # One fake-tensor mode for the trace's metadata: make_fx otherwise makes
         # a new one (and records its stack) for every value: 0.6 s of a 5 s trace.
@@ -370,20 +369,6 @@ class FusedGraph:
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")
         return lines
-
-
-def _warm_compile_workers() -> None:
-    """Start Inductor's Triton compile workers now, so they boot while the step is traced.
-
-    torch.compile does the same as it starts; called directly, Inductor would
-    start them at its first kernel, with the whole compile waiting on them.
-    Nothing happens where Triton is absent or the workers are off.
-    """
-    from torch._inductor import async_compile
-
-    warm = getattr(async_compile, "maybe_warm_pool", None)  # torch >= 2.6
-    if warm is not None:
-        warm()
 
 
 def _fed_ids(graph: Graph) -> dict[Node, Node | None]:

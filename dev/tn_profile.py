@@ -1,6 +1,6 @@
 """Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
 
-Four parts, each printed as it is measured:
+Six parts, each printed as it is measured:
 
 1. ``pieces``: the rates of what one site of the sweep is made of, at the
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
@@ -12,15 +12,18 @@ Four parts, each printed as it is measured:
    sizes, against src-method in the same process.
 4. ``qr``: the QR of a ``(4 chi, chi)`` sketch: Householder (cuSOLVER) against
    sexpgpu.tn's CholeskyQR2 and two variants of it, with their orthogonality,
-   and CholeskyQR2's pieces.
+   and CholeskyQR2's pieces (the Cholesky by cuSOLVER, MAGMA and by halves).
 5. ``busy``: whether each pass keeps the GPU busy (``--busy-sites``, complex128
    and complex64): per pass the wall time, the GPU's busy time (the union of
    its kernels' intervals, and of kernels and copies, from torch.profiler),
    its idle gaps, and the host's side from sexpgpu.tn's DEBUG log: the
    reading thread's time and the sweep's wait for sites, the writer thread's
    time and the wait for it, the wait on the QR checks.
+6. ``uploads``: a 32 and a 61 MiB array to the device: staged through
+   page-locked memory (the sweep's way), its own pages registered with the
+   driver, or pageable.
 
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads]
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ result's rounding ``eps``: none where ``||E||_F <= eps`` (a single sketch of
 ``I + E`` (``U`` the upper triangle of ``E``, its diagonal halved) and
 ``Q = Q1 (I - U)``, one GEMM, whose error ``O(||E||^2)`` is below ``eps``; and
 otherwise the full second pass. On an H200 a 4000x1000 sketch's QR took
-5.5 ms with the full pass and 4.1 ms with the first-order one.
+5.5 ms with the full pass, 4.1 ms with the first-order one, and in
+complex64 3.3 ms with the first pass alone.
 
 Failure. Beyond that, or for a sketch whose exact rank is below its width,
 the Cholesky factorization breaks down or ``Q1`` comes out far from

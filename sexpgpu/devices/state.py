@@ -199,7 +199,8 @@ class TrainState:
 
         if optimizer.replayable:
             # Everything the queued update touches: a backend may capture it and replay it.
-            arrays = [*self.values.values(), *grads.values(), *optimizer.tensors().values()]
+            moments = [a for arrays in optimizer.state.values() for a in arrays.values()]
+            arrays = [*self.values.values(), *grads.values(), *moments]
             norm = xp.replayed(("update", clip), arrays, queue)
         else:
             norm = queue()

@@ -83,8 +83,8 @@ class TorchOps:
         if not params:
             return
         # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all,
-        # its step count and learning rate read from device scalars (`scalars`).
-        steps = [_scalar(step.step, self.device)] * len(params)
+        # its step count and learning rate read from the device scalars of `scalars`.
+        steps = [step.step] * len(params)
         # The kernel divides each gradient by `grad_scale` as it reads it.
         divisor = None
         if isinstance(step.grad_scale, torch.Tensor):
@@ -98,7 +98,7 @@ class TorchOps:
             list(v),
             [],
             steps,
-            lr=_scalar(step.lr, self.device),
+            lr=step.lr,
             beta1=step.beta1,
             beta2=step.beta2,
             weight_decay=step.weight_decay,
@@ -111,10 +111,3 @@ class TorchOps:
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:
         truth = torch.from_numpy(np.asarray(target, np.int64)).to(output.device)
         return int(torch.sum(torch.argmax(output, dim=-1) == truth))
-
-
-def _scalar(value: Any, device: torch.device) -> torch.Tensor:
-    """A float32 device scalar: `value` itself where it is one (`TorchOps.scalars`)."""
-    if isinstance(value, torch.Tensor):
-        return value
-    return torch.full((), float(value), dtype=torch.float32, device=device)

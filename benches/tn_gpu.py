@@ -17,7 +17,6 @@ Run from the repository root on a machine with a GPU, CuPy and src-method::
 
     python benches/tn_gpu.py [--sites 25 50] [--chi 1000] [--reps 3]
                              [--dtypes complex128 complex64] [--gpu-memory 2GiB]
-                             [--complex-gemm]
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import numpy as np
 import torch
 
 import sexpgpu.tn as tn
-import sexpgpu.tn.gauss as gauss
 
 
 class PlanLog(logging.Handler):
@@ -191,14 +189,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["complex128", "complex64"])
     parser.add_argument("--exact", action="store_true", help="errors against the exact A B")
     parser.add_argument("--gpu-memory", default="2GiB", help="budget of the out-of-core case")
-    parser.add_argument(
-        "--complex-gemm",
-        action="store_true",
-        help="sexpgpu.tn's products by cuBLAS's complex GEMM, not three real ones",
-    )
     args = parser.parse_args()
-    if args.complex_gemm:
-        gauss.GAUSS_MIN_MACS = float("inf")
     log = PlanLog()
     logger = logging.getLogger("sexpgpu.tn")
     logger.setLevel(logging.DEBUG)

@@ -1,6 +1,6 @@
 """Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
 
-Seven parts, each printed as it is measured:
+Six parts, each printed as it is measured:
 
 1. ``pieces``: the rates of what one site of the sweep is made of, at the
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
@@ -23,11 +23,7 @@ Seven parts, each printed as it is measured:
    page-locked memory (the sweep's way), its own pages registered with the
    driver, or pageable.
 
-7. ``gauss``: the sweep's large complex products (at ``--chi``) by cuBLAS's
-   complex GEMM against three real GEMMs (`sexpgpu.tn.gauss`), with the
-   error of each against a complex128 product.
-
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads gauss]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads]
 """
 
 from __future__ import annotations
@@ -412,39 +408,6 @@ def _uploads_of(mib: int) -> None:
         print(f"{mib} MiB: {name:32s} {clock(fn, 8) * 1e3:7.2f} ms", flush=True)
 
 
-def gauss(chi: int) -> None:
-    """Complex GEMM against Gauss's three real GEMMs at the sweep's shapes."""
-    from sexpgpu.tn.gauss import gauss_mm
-
-    dev = torch.device("cuda")
-    s = int(1.396 * chi)  # the sketch's width at chi 1000 (oversampled)
-    # (m, k, n, b transposed): the left-to-right, sketch and right-to-left products
-    shapes = [(s, chi, 4 * chi, False), (s, 4 * chi, chi, True), (chi, s, 4 * chi, False)]
-    print("## gauss: complex GEMM against three real GEMMs, median of 20")
-    for dtype in (torch.complex64, torch.complex128):
-        for m, k, n, flip in shapes:
-            a = torch.randn(m, k, dtype=dtype, device=dev)
-            b = (
-                torch.randn(n, k, dtype=dtype, device=dev).mT
-                if flip
-                else torch.randn(k, n, dtype=dtype, device=dev)
-            )
-            ref = a.to(torch.complex128) @ b.to(torch.complex128)
-            for name, fn in (("cuBLAS", torch.mm), ("gauss", gauss_mm)):
-                t = clock(lambda fn=fn, a=a, b=b: fn(a, b), 20)
-                err = (torch.linalg.norm(fn(a, b) - ref) / torch.linalg.norm(ref)).item()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                fn(a, b)
-                extra = (torch.cuda.max_memory_allocated() - base) / 2**20
-                print(
-                    f"gauss    {dtype} {m}x{k}x{n}{' bT' if flip else ''} {name:7s} "
-                    f"{t * 1e3:7.3f} ms {8 * m * k * n / t / 1e12:5.1f} TF  err {err:.1e}  "
-                    f"+{extra:.0f} MiB",
-                    flush=True,
-                )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chi", type=int, default=1000)
@@ -473,8 +436,6 @@ def main() -> None:
         busy(args.busy_sites, args.chi, args.busy_dtypes, passes)
     if "uploads" in args.parts:
         uploads()
-    if "gauss" in args.parts:
-        gauss(args.chi)
 
 
 if __name__ == "__main__":

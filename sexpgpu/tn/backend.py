@@ -5,10 +5,9 @@ downloads, reshapes and permutations, GEMMs (plain and batched over the
 sketch index), QR, SVD, adjoints and a few reductions. `NumpyBackend` runs on
 the host through BLAS/LAPACK; `TorchBackend` runs on one PyTorch device
 (cuBLAS and cuSOLVER on a GPU, or PyTorch's CPU device, which CI uses to run
-the GPU code path without a GPU), factors tall sketches by CholeskyQR2
-(`sexpgpu.tn.cholqr`) rather than Householder QR, and multiplies large
-complex matrices by three real GEMMs (`sexpgpu.tn.gauss`). PyTorch is
-imported only when a `TorchBackend` is made.
+the GPU code path without a GPU), and factors tall sketches by CholeskyQR2
+(`sexpgpu.tn.cholqr`) rather than Householder QR. PyTorch is imported only when a
+`TorchBackend` is made.
 
 Every value a backend hands back is its own array type; `to_host` always
 gives a NumPy array. Sketches are drawn on the host (`sexpgpu.tn.sketch`) and
@@ -31,7 +30,6 @@ import numpy as np
 from sexpgpu.runtime.devices import Device
 
 from .cholqr import cholesky_qr2
-from .gauss import gauss_mm, gauss_worth
 from .linalg import svd as host_svd
 
 __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
@@ -426,9 +424,6 @@ class TorchBackend(Backend):
         return int(x.numel() * x.element_size())
 
     def dot(self, a: Any, b: Any) -> Any:
-        # Large complex products by three real GEMMs: a quarter fewer multiply-adds.
-        if a.is_complex() and gauss_worth(a.shape[0], a.shape[1], b.shape[1]):
-            return gauss_mm(a, b)
         return self._torch.mm(a, b)
 
     def matmul(self, a: Any, b: Any) -> Any:

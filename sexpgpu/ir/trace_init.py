@@ -72,7 +72,9 @@ def draw(init: Init, shape: tuple[int, ...], rng: np.random.Generator) -> np.nda
         return np.ones(shape, np.float32)
     if init.kind == "normal":
         (std,) = init.args
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+        values = rng.standard_normal(shape, dtype=np.float32)
+        values *= np.float32(std)
+        return values
     if init.kind == "uniform":
         lo, hi = init.args
         return rng.uniform(lo, hi, shape).astype(np.float32)

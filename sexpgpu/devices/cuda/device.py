@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 
 __all__ = ["CUBLAS_WORKSPACE", "CudaDevice"]
 
-# cuBLAS's workspace on Hopper as PyTorch sizes it (CUBLAS_WORKSPACE_CONFIG :4096:8).
-CUBLAS_WORKSPACE = 32 * 2**20
+# What cuBLAS takes from PyTorch's caching allocator per handle and stream, as
+# PyTorch sizes it on Hopper: its workspace (CUBLAS_WORKSPACE_CONFIG :4096:8)
+# and cuBLASLt's (measured on an H200: 32 MiB and 1 MiB, dev/memory_peak.py).
+CUBLAS_WORKSPACE = 33 * 2**20
 
 
 def _torch() -> Any:
@@ -144,11 +146,19 @@ class CudaDevice:
             "gradients": params if self.fuse or per_rank > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            # cuBLAS keeps a workspace per stream: the capture's stream is a second one.
-            "workspace": CUBLAS_WORKSPACE * (2 if self._captures() else 1) + 3 * largest,
+            "workspace": CUBLAS_WORKSPACE * self._blas_streams() + 3 * largest,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
+
+    def _blas_streams(self) -> int:
+        """How many (thread, stream) pairs hold a cuBLAS workspace: PyTorch keeps one per pair.
+
+        The rank's thread computes on its stream; where steps are captured,
+        the capture's stream is a second, and the thread that plans (its
+        trace and dry call run the step) holds a third.
+        """
+        return 3 if self._captures() else 1
 
     def _captures(self) -> bool:
         """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""

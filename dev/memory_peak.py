@@ -6,25 +6,22 @@ Two parts:
    first time a stream multiplies (float32, bf16, bf16 with a bias, on a
    second stream, inside a CUDA graph capture), each as the growth of the
    allocated bytes.
-2. ``run``: ``sexpgpu run FILE`` on the cuda device, in this process, with
-   the allocator's history recorded; the history is replayed to find the
-   moment the allocated total peaked, and the blocks live then are printed
-   grouped by the innermost sexpgpu frame (else the innermost frame) that
-   allocated them.
+2. ``run``: a run of FILE on the cuda device, in this process, with the
+   allocator's history recorded; after step 1, the blocks still allocated
+   (what the run holds between steps) grouped by the innermost sexpgpu
+   frame (else the innermost frame) that allocated them, beside the run's
+   high-water mark.
 
-    SEXPGPU_DEVICE=cuda python3 dev/memory_peak.py examples/mlp.lisp [--steps 30] [--top 25]
+    python3 dev/memory_peak.py examples/mlp.lisp [--steps 30] [--top 25]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from collections import Counter, defaultdict
 
 import torch
-
-from sexpgpu.cli import main as sexpgpu_main
 
 MiB = 2**20
 
@@ -79,34 +76,32 @@ def _frame(frames) -> str:
 
 
 def run(path: str, steps: int, top: int) -> None:
-    os.environ.setdefault("SEXPGPU_DEVICE", "cuda")
+    from sexpgpu.train import prepare_run
+
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    held: list[tuple[str, int]] = []
+
+    def on_step(report) -> None:
+        if report.step == 1:  # what stays allocated between steps, by where it was made
+            for segment in torch.cuda.memory._snapshot()["segments"]:
+                for block in segment["blocks"]:
+                    if block["state"] == "active_allocated":
+                        held.append((_frame(block.get("frames", [])), block["size"]))
+
     with tempfile.TemporaryDirectory() as out:
-        rc = sexpgpu_main(["run", path, "--steps", str(steps), "--out", out])
-    snap = torch.cuda.memory._snapshot()
+        trainer = prepare_run(path, out=out, device="cuda", steps=steps, on_step=on_step)
+        trainer.run()
     torch.cuda.memory._record_memory_history(enabled=None)
-    print(f"run: exit {rc}; max_memory_allocated {torch.cuda.max_memory_allocated() / MiB:.1f} MiB")
-    live: dict[int, dict] = {}
-    total = peak = 0
-    at_peak: dict[int, dict] = {}
-    for event in snap["device_traces"][0]:
-        action = event["action"]
-        if action == "alloc":
-            live[event["addr"]] = event
-            total += event["size"]
-        elif action in ("free_requested", "free_completed") and event["addr"] in live:
-            total -= live.pop(event["addr"])["size"]
-        if total > peak:
-            peak, at_peak = total, dict(live)
-    print(f"run: the history's peak {peak / MiB:.1f} MiB in {len(at_peak)} blocks")
+    peak = torch.cuda.max_memory_allocated() / MiB
+    total = sum(size for _, size in held) / MiB
+    print(f"run: max_memory_allocated {peak:.1f} MiB; held after step 1 {total:.1f} MiB")
     by_site: Counter = Counter()
     count: defaultdict = defaultdict(int)
-    for event in at_peak.values():
-        site = _frame(event.get("frames", []))
-        by_site[site] += event["size"]
+    for site, size in held:
+        by_site[site] += size
         count[site] += 1
     for site, size in by_site.most_common(top):
-        print(f"peak  {size / MiB:10.1f} MiB  {count[site]:5d} blocks  {site}")
+        print(f"held  {size / MiB:10.1f} MiB  {count[site]:5d} blocks  {site}")
 
 
 def main() -> None:

@@ -31,12 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.devices.cuda.attention import (
-    AttentionAux,
-    sdpa_backward,
-    sdpa_forward,
-    select_sdpa_backend,
-)
+from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import (
     KERNELS,
     LOWERINGS,
@@ -104,7 +99,9 @@ class TorchGraph:
             for i, n in enumerate(self.order)
             if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)
         }
-        self._used: dict[int, AttentionAux] = {}
+        # What each attention node ran: (backend, why it fell back), never its
+        # tensors, which would outlive the call (1.2 GiB of examples/gpt.lisp's).
+        self._used: dict[int, tuple[str, str | None]] = {}
         full_precision(self.device)
         self.steps, self._stash_users, last = self._plan()
         self.planned_peak_bytes, self.peak_node = self._peak(last)
@@ -225,7 +222,7 @@ class TorchGraph:
                 del stash[step.forward]
         if node.op is Op.ATTENTION:
             out, aux = sdpa_forward(*args, **node.attrs, backend=self._backends[i])
-            self._used[i] = aux
+            self._used[i] = (aux.backend, aux.fallback)
         elif node.op is Op.ATTENTION_GRAD:
             q, k, v, g = args
             out = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=self._backends[i])
@@ -246,10 +243,9 @@ class TorchGraph:
         """Backend per attention node as planned, with what actually ran once run."""
         result = {}
         for i, planned in self._backends.items():
-            aux = self._used.get(i)
-            ran = planned if aux is None else aux.backend
+            ran, fallback = self._used.get(i, (planned, None))
             name = f"%{i} {self.order[i].op.label}"
-            result[name] = ran if aux is None or aux.fallback is None else f"{ran} ({aux.fallback})"
+            result[name] = ran if fallback is None else f"{ran} ({fallback})"
         return result
 
     def report(self) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.devices import Device, parse_device
@@ -29,6 +30,7 @@ __all__ = [
     "MemoryBudget",
     "MemoryPlan",
     "PeakTracker",
+    "call_peak_bytes",
     "detect_budget",
     "host_available_bytes",
 ]
@@ -266,3 +268,29 @@ class PeakTracker:
 
             allocator = int(torch.cuda.max_memory_allocated(self.device.index))
         return max(self._observed, allocator)
+
+
+def call_peak_bytes(device: Any, call: Callable[[], Any]) -> int | None:
+    """The most bytes ``call()`` holds on a GPU beyond what was held before it.
+
+    Measured over the second of two calls: at the first, Inductor benchmarks
+    its kernels' configurations in scratch memory of its own and cuBLAS makes
+    the thread's workspaces, none of which a call holds later (for a small
+    model they were most of the first call's mark). None where the call does
+    not fit (the caller's estimate stands).
+    """
+    import torch
+
+    peak = 0
+    for _ in range(2):
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            call()
+        except torch.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            return None
+        torch.cuda.synchronize(device)
+        peak = int(torch.cuda.max_memory_allocated(device)) - base
+    return peak

@@ -28,7 +28,7 @@ from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import FUSED, Op
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.devices import require_capability
-from sexpgpu.runtime.memory import MemoryPlan, detect_budget
+from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
     from sexpgpu.devices.cuda.stacking import Choice
@@ -122,15 +122,29 @@ class CudaDevice:
         return plan
 
     def _dry_call(self, compiled: CompiledRun, degree: int) -> None:
-        """Replace the schedule's estimate of the training live set by the fused call's own."""
-        fused = self._fused_graph(compiled, self.torch.device(self.first), degree)
+        """Replace the schedules' estimates of the live sets by the calls' own, measured.
+
+        The training side is the fused call's; the evaluation graph, which
+        runs op by op, is called once on zeros too (its schedule's estimate
+        counts every f32 row cross-entropy may hold).
+        """
+        from sexpgpu.devices.cuda.executor import TorchGraph
+
+        device = self.torch.device(self.first)
+        fused = self._fused_graph(compiled, device, degree)
         if isinstance(fused, str):
             return
         peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
-        if peak is not None:
-            feeds = _fed_param_bytes(fused.graph) + _constant_bytes(fused.graph)
-            evaluation = self._eval_live(compiled)
-            self._live[(id(compiled), degree)] = max((peak + feeds, None), evaluation, key=_bytes)
+        if peak is None:
+            return
+        evaluation = self._eval_live(compiled)
+        graph = TorchGraph(compiled.eval_graph, device)
+        feeds = _zero_feeds(compiled.eval_graph, self.torch, device)
+        measured = call_peak_bytes(device, lambda: graph(feeds))
+        if measured is not None:
+            evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
+        train = (peak + _leaf_bytes(fused.graph), "fused training call")
+        self._live[(id(compiled), degree)] = max(train, evaluation, key=_bytes)
 
     def _parts(
         self, compiled: CompiledRun, degree: int, moments: int, ranks: int, per_rank: int
@@ -176,11 +190,11 @@ class CudaDevice:
         return self._stacks[key]
 
     def _live_set(self, compiled: CompiledRun, degree: int = 1) -> tuple[int, Any]:
-        """(bytes, node at the peak) of the larger of the training and evaluation graphs.
+        """(bytes, where) of the larger of the training and evaluation graphs' live sets.
 
-        From the op-by-op schedule, until a fused call's own measure replaces
-        the training side (`_dry_call`). Kept per run and degree: the plan
-        and the report both need it.
+        From the op-by-op schedules (``where``: the node at the peak), until
+        the dry calls' measures replace them (`_dry_call`; ``where``: which
+        call). Kept per run and degree: the plan and the report both need it.
         """
         key = (id(compiled), degree)
         if key not in self._live:
@@ -263,14 +277,14 @@ class CudaDevice:
         lines += self._fused_lines(compiled)
         lines.append(plan.line())
         live, node = self._live_set(compiled, self._choice(compiled).degree)
-        if node is not None:
+        if isinstance(node, str):  # measured by a dry call
+            lines.append(
+                f"memory: the live set ({live / 2**20:.1f} MiB) is the {node}'s own, "
+                "measured over calls on zeros before the first step"
+            )
+        elif node is not None:
             where = f" at {node.span}" if node.span is not None else ""
             lines.append(f"memory: the live set peaks at {node.op.label}{where}")
-        else:
-            lines.append(
-                f"memory: the live set ({live / 2**20:.1f} MiB) is the fused training call's "
-                "own, from one dry call on zeros before the first step"
-            )
         return lines
 
     def _device_line(self) -> str:
@@ -389,6 +403,11 @@ def _constant_bytes(graph: Graph) -> int:
     from sexpgpu.devices.cuda.executor import _made_once_bytes
 
     return sum(_made_once_bytes(n) for n in graph.nodes() if n.op in (Op.CONSTANT, Op.IOTA))
+
+
+def _leaf_bytes(graph: Graph) -> int:
+    """What a dry call's live set leaves out: the fed parameters and the constants."""
+    return _fed_param_bytes(graph) + _constant_bytes(graph)
 
 
 def _fed_param_bytes(graph: Graph) -> int:

@@ -43,6 +43,7 @@ from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import Op
+from sexpgpu.runtime.memory import call_peak_bytes
 
 __all__ = ["FusedGraph", "Kernel", "NotFusable"]
 
@@ -331,30 +332,14 @@ class FusedGraph:
         """The most bytes one plain call holds beyond its operands (a dry call; GPU only).
 
         Inductor decides which buffers share memory, so the fused step's live
-        set is read from the allocator over a call on `feeds` before the
-        first step, rather than from the op-by-op schedule. The call is the
-        second of two: at the first, Inductor benchmarks its kernels'
-        configurations in scratch memory of its own and cuBLAS makes this
-        thread's workspaces, neither of which the step holds (for a small
-        model they were most of the first call's mark). None on the CPU, or
-        where the dry call does not fit.
+        set is read from the allocator over calls on `feeds` before the first
+        step (`sexpgpu.runtime.memory.call_peak_bytes`), rather than from the
+        op-by-op schedule. None on the CPU, or where the dry call does not fit.
         """
         if self.device.type != "cuda":
             return None
         flat = self._flat(feeds, self.zero_buffers())
-        peak = 0
-        for _ in range(2):
-            torch.cuda.synchronize(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            try:
-                self._compiled(*flat)
-            except torch.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                return None  # the schedule's estimate stands; the run's own retry takes over
-            torch.cuda.synchronize(self.device)
-            peak = int(torch.cuda.max_memory_allocated(self.device)) - base
-        return peak
+        return call_peak_bytes(self.device, lambda: self._compiled(*flat))
 
     # ------------------------------------------------------------ report
 

@@ -125,8 +125,8 @@ class CudaDevice:
         """Replace the schedules' estimates of the live sets by the calls' own, measured.
 
         The training side is the fused call's; the evaluation graph, which
-        runs op by op, is called once on zeros too (its schedule's estimate
-        counts every f32 row cross-entropy may hold).
+        runs op by op, is called on zeros too (its schedule's estimate counts
+        every f32 row cross-entropy may hold).
         """
         from sexpgpu.devices.cuda.executor import TorchGraph
 

@@ -45,8 +45,8 @@ for part in $parts; do
   tn)
     if [ -f benches/tn_gpu.py ]; then
       # The GPU tests live in one module (the others need h5py, zarr and quimb).
-      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn/test_tn_devices.py \
-        tests/tn/test_tn_passes.py tests/tn/test_tn_cholqr.py > "$OUT/tn_gpu_tests.log" 2>&1
+      timeout ${TN_TEST_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests/tn/test_tn_devices.py \
+        tests/tn/test_tn_passes.py tests/tn/test_tn_cholqr.py tests/tn/test_tn_thin.py > "$OUT/tn_gpu_tests.log" 2>&1
       tail -5 "$OUT/tn_gpu_tests.log"
       timeout ${TN_PROFILE_TIMEOUT:-100} python3 dev/tn_profile.py --chi 1000 ${TN_PROFILE:---parts qr} \
         > "$OUT/tn_profile.log" 2>&1; tail -40 "$OUT/tn_profile.log"

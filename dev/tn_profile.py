@@ -1,6 +1,6 @@
 """Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
 
-Six parts, each printed as it is measured:
+Seven parts, each printed as it is measured:
 
 1. ``pieces``: the rates of what one site of the sweep is made of, at the
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
@@ -22,8 +22,11 @@ Six parts, each printed as it is measured:
 6. ``uploads``: a 32 and a 61 MiB array to the device: staged through
    page-locked memory (the sweep's way), its own pages registered with the
    driver, or pageable.
+7. ``thin``: `right_block` at a bulk site of ``--chi`` (all ``chi`` rows of
+   the projected environment at once), with the thin layer's product in one Triton pass against the GEMM and
+   the two permuted copies it replaces, complex64 and complex128.
 
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads thin]
 """
 
 from __future__ import annotations
@@ -408,6 +411,32 @@ def _uploads_of(mib: int) -> None:
         print(f"{mib} MiB: {name:32s} {clock(fn, 8) * 1e3:7.2f} ms", flush=True)
 
 
+def thin(chi: int) -> None:
+    from sexpgpu.tn.kernels import right_block
+
+    xp = backend.TorchBackend(Device("cuda", 0))
+    for dtype in (torch.complex64, torch.complex128):
+        gen = torch.Generator("cuda").manual_seed(0)
+
+        def draw(*shape):
+            return torch.randn(*shape, dtype=dtype, device="cuda", generator=gen)
+
+        cores = [draw(chi, chi, 2, 2), draw(4, 4, 2, 2)]
+        proj = draw(chi, chi, 4)
+        fused = right_block(xp, proj, cores)
+        t_fused = clock(lambda: right_block(xp, proj, cores), 20)
+        xp.thin_product = lambda *args: None  # the GEMM and the copies
+        plain = right_block(xp, proj, cores)
+        t_plain = clock(lambda: right_block(xp, proj, cores), 20)
+        del xp.thin_product
+        diff = float((fused - plain).norm() / plain.norm())
+        print(
+            f"right_block {str(dtype)[6:]:10s} chi={chi}: GEMMs and copies {t_plain * 1e3:6.2f} ms, "
+            f"thin kernel {t_fused * 1e3:6.2f} ms, relative difference {diff:.1e}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chi", type=int, default=1000)
@@ -436,6 +465,8 @@ def main() -> None:
         busy(args.busy_sites, args.chi, args.busy_dtypes, passes)
     if "uploads" in args.parts:
         uploads()
+    if "thin" in args.parts:
+        thin(args.chi)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,17 @@ class Backend:
         """``diag(sv) @ x`` for host singular values ``sv``."""
         raise NotImplementedError
 
+    def thin_product(self, z: Array, g: Array, axes: Sequence[int]) -> Array | None:
+        """``sum_{r, y} z[e, r, l, x, y] g[m, r, y, w]`` in one pass, or None.
+
+        ``z`` is ``(E, R, L, X, Y)`` with any strides, ``g`` a small ``(M, R,
+        Y, W)``; the result is C-contiguous with the axes ``(e, x, w, l,
+        m)`` in the order ``axes`` (their positions). None where this backend
+        has no kernel for it: the caller multiplies and rearranges instead
+        (`sexpgpu.tn.thin`).
+        """
+        return None
+
     # ----- memory ------------------------------------------------------------
     def reset_peak(self) -> None:
         """Start a new high-water mark of device memory (GPU only)."""
@@ -455,6 +466,18 @@ class TorchBackend(Backend):
     def scale_rows(self, sv: np.ndarray, x: Any) -> Any:
         scale = self._torch.from_numpy(np.ascontiguousarray(sv)).to(self._dev, dtype=x.dtype)
         return scale[:, None] * x
+
+    def thin_product(self, z: Any, g: Any, axes: Sequence[int]) -> Any | None:
+        from . import thin
+
+        e, r, rows, x, y = z.shape
+        m, w = g.shape[0], g.shape[3]
+        if not (thin.available(self._dev) and thin.fits(r * y, m, max(x, w))):
+            return None
+        sizes = (e, x, w, rows, m)
+        result = self._torch.empty([sizes[a] for a in axes], dtype=z.dtype, device=z.device)
+        thin.thin_product(z, g, result.permute([list(axes).index(a) for a in range(5)]))
+        return result
 
     def reset_peak(self) -> None:
         if self.device.is_cuda:

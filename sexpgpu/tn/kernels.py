@@ -255,12 +255,38 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
     """
     k = len(cores)
     z, lz = proj, environment_labels(k, "e", "r")
+    final = ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:])
     # Bottom-up or top-down, whichever needs fewer multiply-adds.
     start = dict(zip(lz, proj.shape, strict=True))
     orders = [list(reversed(range(k))), list(range(k))]
-    for i in min(orders, key=lambda order: _chain_cost(start, cores, order)):
+    *first, last = min(orders, key=lambda order: _chain_cost(start, cores, order))
+    for i in first:
         z, lz = pair(xp, z, lz, cores[i], core_labels(i))
-    return arrange(xp, z, lz, ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:]))
+    if k == 2:  # a wide layer and maybe a thin one: the last product in one pass
+        done = _thin_last(xp, z, lz, cores[last], last, final)
+        if done is not None:
+            return done
+    z, lz = pair(xp, z, lz, cores[last], core_labels(last))
+    return arrange(xp, z, lz, final)
+
+
+def _thin_last(
+    xp: Backend, z: Array, lz: Labels, core: Array, i: int, final: Labels
+) -> Array | None:
+    """A two-layer site's last product, with layer ``i``, by `Backend.thin_product`.
+
+    Its contraction is ``r_i`` and the inner physical leg ``x1``; ``z``'s
+    free legs are the other layer's ``l`` and the outer physical leg on its
+    side. None where the backend has no kernel for it.
+    """
+    other, outer, own = f"l{1 - i}", ("x2" if i == 0 else "x0"), ("x0" if i == 0 else "x2")
+    order = ("e", f"r{i}", other, outer, "x1")  # (E, R, L, X, Y)
+    if sorted(lz) != sorted(order):
+        return None
+    z5 = xp.permute(z, [lz.index(a) for a in order])
+    g = xp.permute(core, [core_labels(i).index(a) for a in (f"l{i}", f"r{i}", "x1", own)])
+    result_labels = ("e", outer, own, other, f"l{i}")  # (e, x, w, l, m)
+    return xp.thin_product(z5, g, [result_labels.index(a) for a in final])
 
 
 def env_peak_per_column(shapes: Sequence[tuple[int, int, int, int]]) -> int:

@@ -82,7 +82,7 @@ def thin_product(z: Any, g: Any, out: Any) -> Any:
         return out
     cplx = z.is_complex()
     flat = torch.view_as_real if cplx else (lambda t: t)
-    block = 128 if m_ <= 8 else 32
+    block = 64 if m_ <= 8 else 32  # the best of 32 to 512 on an H200 at a bond-4 layer
     grid = (e_, triton.cdiv(l_, block))
     _kernel()[grid](
         flat(z), flat(g.contiguous()), flat(out), l_,

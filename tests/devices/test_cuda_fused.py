@@ -215,3 +215,65 @@ def test_a_refused_capture_runs_the_step_without_a_cuda_graph(monkeypatch) -> No
     assert fused.report_lines()[0].endswith(
         "no CUDA graph RuntimeError: capture refused by the driver"
     )
+
+
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(kind, monkeypatch, tmp_path):
+    """Three parts, each compiled by a worker into the shared cache, then loaded here."""
+    from sexpgpu.devices.cuda import parallel_compile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 50)
+    compiled = _compiled("gpt")
+    graph, device = compiled.train_graph, _device(kind)
+    host = compiled.init_params(0)
+    params = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
+    batches = [_feeds(graph, seed) for seed in (1, 2)]
+    pool = parallel_compile.CompilePool(3)
+    try:
+        fused = FusedGraph(
+            graph, device, sums=list(graph.outputs), examples={**batches[0], **params}, pool=pool
+        )
+    finally:
+        pool.close()
+    assert fused.parts == 3 and "in 3 parts, 3 of them by compile workers" in fused.report_lines()[0]
+    # Only the write-backs of the sums a part adds into its input buffers name no IR node.
+    uncovered = [k.name for k in fused.kernels if not (k.nodes or k.sums)]
+    assert all("copy" in name for name in uncovered) and len(uncovered) <= 0.2 * len(fused.kernels)
+    buffers = fused.zero_buffers()
+    for batch in batches:
+        fused({**batch, **params}, buffers)
+    interpreter = CpuProgram(graph)
+    expected = {name: 0.0 for name in graph.outputs}
+    for batch in batches:
+        out = interpreter({**batch, **host})
+        expected = {name: expected[name] + out[name] for name in graph.outputs}
+    for name, value in expected.items():
+        got = buffers[name].cpu().numpy()
+        scale = float(np.max(np.abs(value))) or 1.0
+        assert np.max(np.abs(got - value)) <= 1e-4 * max(scale, 1e-3), name
+
+
+def test_a_part_no_worker_compiled_is_compiled_here(monkeypatch):
+    from sexpgpu.devices.cuda import parallel_compile
+
+    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 50)
+    compiled = _compiled("mlp")
+    graph = compiled.train_graph
+    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    examples = {**_feeds(graph, 1), **params}
+    pool = parallel_compile.CompilePool(2)
+    for proc in pool._procs:  # workers that die before they are ready
+        proc.kill()
+    try:
+        fused = FusedGraph(
+            graph, torch.device("cpu"), sums=list(graph.outputs), examples=examples, pool=pool
+        )
+    finally:
+        pool.close()
+    whole = FusedGraph(graph, torch.device("cpu"), sums=list(graph.outputs), examples=examples)
+    a, b = fused.zero_buffers(), whole.zero_buffers()
+    fused(examples, a)
+    whole(examples, b)
+    for name in graph.outputs:
+        np.testing.assert_allclose(a[name].numpy(), b[name].numpy(), rtol=1e-5, atol=1e-6)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sexpgpu.devices.cuda.parallel_compile import CompilePool, compile_workers
 from sexpgpu.devices.state import TrainState
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun, matmul_flops
@@ -82,6 +83,7 @@ class CudaDevice:
         self._fused: dict[tuple[int, str, int], Any] = {}
         self._per_rank: dict[int, int] = {}  # microbatches per rank and step, per run
         self._choices: dict[int, Any] = {}
+        self._pool = CompilePool(0)  # compile workers, while a plan is made
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -105,6 +107,8 @@ class CudaDevice:
         and the optimizer's temporaries, a few of the largest parameter. With
         several ranks, NCCL sums packed copies of the gradients.
         """
+        # Their imports overlap the trace; they stop once the plan is made.
+        self._pool = CompilePool(compile_workers(self.on_gpu and self._captures()))
         budget = detect_budget(self.first, memory)
         per_rank = max(1, microbatches // max(1, ranks))
         self._per_rank[id(compiled)] = per_rank
@@ -119,6 +123,7 @@ class CudaDevice:
         if self._captures() and self.on_gpu and plan.fits:
             self._dry_call(compiled, choice.degree)
             plan = plan_at(choice.degree)
+        self._pool.close()  # later graphs (a resume's, say) compile here
         return plan
 
     def _dry_call(self, compiled: CompiledRun, degree: int) -> None:
@@ -332,7 +337,12 @@ class CudaDevice:
             overwrite = degree == self._per_rank.get(id(compiled), 1)
             try:
                 self._fused[key] = FusedGraph(
-                    graph, device, sums=list(graph.outputs), examples=examples, overwrite=overwrite
+                    graph,
+                    device,
+                    sums=list(graph.outputs),
+                    examples=examples,
+                    overwrite=overwrite,
+                    pool=self._pool,
                 )
             except NotFusable as why:
                 self._fused[key] = str(why)

@@ -15,7 +15,8 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    call (`overwrite`), it writes them there instead, and nothing is zeroed.
 3. **compile**: ``torch._inductor.compile`` fuses the elementwise and
    reduction regions into generated Triton kernels (C++ on the CPU) and
-   calls cuBLAS and SDPA for the rest.
+   calls cuBLAS and SDPA for the rest; with a pool of compile workers, in a
+   few parts at once (`sexpgpu.devices.cuda.parallel_compile`).
 4. **capture**: on a GPU the second call is captured as a CUDA graph over
    static input buffers, and every later call copies its batch in and
    replays it: one launch for the whole call.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import threading
 import time
 from collections import Counter
@@ -38,8 +40,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from sexpgpu.devices.cuda.compile_worker import compile_part, input_metadata
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
+from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import Op
@@ -99,6 +103,9 @@ class FusedGraph:
         A call on buffers said to be zeros writes its outputs there rather
         than adding them (for runs whose step is one call): the buffers need
         no zeroing, and the backward's last kernels read nothing back.
+    pool
+        Worker processes that compile parts of the step at once
+        (`sexpgpu.devices.cuda.parallel_compile`); None compiles it here, whole.
 
     Raises
     ------
@@ -114,8 +121,12 @@ class FusedGraph:
         sums: Sequence[str],
         examples: Mapping[str, Any],
         overwrite: bool = False,
+        pool: CompilePool | None = None,
     ) -> None:
         self.device = torch.device(device)
+        self._pool = pool if pool is not None and pool.size else None
+        self.parts = 1  # how many parts Inductor compiled the step in
+        self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
         self.overwrite = overwrite
         self.eager = TorchGraph(graph, self.device)
         self.graph = self.eager.graph  # decomposed where the lowering has no kernel
@@ -194,14 +205,52 @@ class FusedGraph:
         self._name_after_ir(gm)
         traced = time.perf_counter()
         try:
-            with torch._inductor.config.patch(_provenance()):
-                compiled = torch._inductor.compile(gm, flat)
+            compiled = self._inductor(gm, flat)
         except Exception as error:  # Inductor's own failures carry no stable type
             raise NotFusable(f"Inductor failed: {type(error).__name__}: {error}") from error
-        self.kernels = self._kernel_map(compiled)
         # Where the first step's wait goes: the report prints it.
         self.seconds = (traced - began, time.perf_counter() - traced)
         return compiled
+
+    def _inductor(self, gm: torch.fx.GraphModule, flat: list) -> Any:
+        """Inductor's compile of the traced step, in parts over the pool's workers where it has any.
+
+        Sets `kernels` from each compile's provenance, in launch order.
+        """
+        options = _provenance()
+        parent = split(gm, self._pool.size) if self._pool is not None else None
+        if parent is None:
+            with torch._inductor.config.patch(options):
+                compiled = torch._inductor.compile(gm, flat)
+            self.kernels = self._kernel_map(compiled)
+            return compiled
+        parts = dict(parent.named_children())
+        device = str(self.device)
+        # Both sides compile the part as unpickled (a GraphModule's tensors come back as
+        # buffers, which changes its cache key): the same bytes meet in one cache entry.
+        jobs = [
+            {
+                "graph": pickle.dumps(p),
+                "inputs": input_metadata(p),
+                "device": device,
+                "options": options,
+            }
+            for p in parts.values()
+        ]
+        for name, failed in zip(parts, self._pool.compile(jobs), strict=True):
+            if failed:
+                log.debug("compile worker: %s not compiled (%s); compiling it here", name, failed)
+        compiled, self.kernels = {}, []
+        from torch._dynamo.utils import counters
+
+        hits = counters["inductor"]["fxgraph_cache_hit"]
+        for name, job in zip(parts, jobs, strict=True):  # cache hits where a worker compiled it
+            graph = pickle.loads(job["graph"])
+            compiled[name] = compile_part(graph, job["inputs"], device, options)
+            self.kernels += self._kernel_map(compiled[name])
+        self.parts = len(parts)
+        self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
+        return PartedCall(parent, compiled)
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
         """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.
@@ -343,6 +392,11 @@ class FusedGraph:
 
     # ------------------------------------------------------------ report
 
+    def _parts_text(self) -> str:
+        if self.parts == 1:
+            return ""
+        return f" in {self.parts} parts, {self.parts_cached} of them by compile workers"
+
     def report_lines(self) -> list[str]:
         """``kernel x12 triton_poi_fused_add_gelu_7 <- add, gelu (gpt.lisp:31)``, repeats folded."""
         folded: Counter = Counter()
@@ -355,7 +409,7 @@ class FusedGraph:
         trace_s, compile_s = self.seconds
         lines = [
             f"fused: {len(self.kernels)} kernels (Inductor; traced in {trace_s:.1f} s, "
-            f"compiled in {compile_s:.1f} s), "
+            f"compiled in {compile_s:.1f} s{self._parts_text()}), "
             f"{'CUDA graph' if self.capture else 'no CUDA graph ' + self.no_capture}"
         ]
         for (family, forms), count in folded.items():

@@ -1,0 +1,82 @@
+"""A worker process of `sexpgpu.devices.cuda.parallel_compile`: compiles graph parts on request.
+
+It imports PyTorch and Inductor as soon as it starts (while the parent
+traces), says it is ready, then compiles each part it is sent into the FX
+graph cache it shares with the parent, and answers with the seconds it took
+or the error. Messages are length-prefixed pickles on stdin and on the
+process's original stdout; the libraries' own prints go to stderr.
+
+    python -m sexpgpu.devices.cuda.compile_worker
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+import time
+from typing import Any, BinaryIO
+
+__all__ = ["compile_part", "input_metadata", "receive", "send"]
+
+
+def send(stream: BinaryIO, message: Any) -> None:
+    """Write one message: its pickle's length, then the pickle."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def receive(stream: BinaryIO) -> Any:
+    """Read one message; None at the end of the stream."""
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    (size,) = struct.unpack("<Q", head)
+    return pickle.loads(stream.read(size))
+
+
+def input_metadata(gm: Any) -> list[tuple[tuple[int, ...], tuple[int, ...], Any]]:
+    """(shape, strides, dtype) of each placeholder of a traced graph, from its fake values."""
+    values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    return [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in values]
+
+
+def compile_part(graph: Any, inputs: list, device: str, options: dict[str, Any]) -> Any:
+    """``torch._inductor.compile`` of `graph` on fake inputs of these shapes, strides and dtypes.
+
+    The FX graph cache's key depends on the graph and its inputs' metadata
+    only, so the parent and a worker compiling one part meet in one entry.
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    # The cache keys graphs whose inputs come with a shape environment (static here).
+    mode = FakeTensorMode(allow_fallback_kernels=True, shape_env=ShapeEnv())
+    with mode:
+        examples = [torch.empty_strided(s, st, dtype=d, device=device) for s, st, d in inputs]
+    with torch._inductor.config.patch(options):
+        return torch._inductor.compile(graph, examples)
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # the libraries' prints must not land among the replies
+    import torch
+    import torch._inductor.compile_fx  # the imports are most of a start
+
+    send(replies, ("ready", torch.__version__))
+    while (job := receive(sys.stdin.buffer)) is not None:
+        try:
+            began = time.perf_counter()
+            graph = pickle.loads(job["graph"])
+            compile_part(graph, job["inputs"], job["device"], job["options"])
+            send(replies, ("done", time.perf_counter() - began))
+        except Exception as error:  # the parent compiles the part itself
+            send(replies, ("failed", f"{type(error).__name__}: {error}"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""Inductor's compile of a whole training step, split into parts compiled at once in workers.
+
+Inductor lowers, schedules and generates the code of a graph on one thread:
+for GPT-2 small's step that is most of the first step's wait. Its FX graph
+cache lets a graph compiled in one process load in another, so the traced
+step is cut at a few points into contiguous parts (`split`), each part is
+compiled by a worker process (`sexpgpu.devices.cuda.compile_worker`) into
+the cache this process reads, all at once, and each part is then compiled
+here, where it is a cache hit. The workers start with the device (their
+imports overlap the trace) and stop once the parts are in.
+
+A cut costs the fusions across it: the values that cross are materialized
+(most are anyway: activations kept for the backward, gradients), so the
+parts are few and cut between IR nodes. Each sum into the step's buffers
+stays in the part that computes its value, so the gradient accumulation
+still fuses into the backward's kernels. A worker that fails or is missing
+leaves its part to this process: slower, never different.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import operator
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sexpgpu.devices.cuda.compile_worker import receive, send
+
+__all__ = ["CompilePool", "PartedCall", "compile_workers", "split"]
+
+log = logging.getLogger(__name__)
+
+# Below this many aten calls a graph compiles in a few seconds: one part.
+MIN_PART_NODES = 400
+# More parts cut more fusions, and each worker's own start costs a core.
+MAX_WORKERS = 6
+
+
+def compile_workers(enabled: bool) -> int:
+    """How many workers a plan starts: half the host's cores, at most `MAX_WORKERS`."""
+    count = min(MAX_WORKERS, (os.cpu_count() or 1) // 2) if enabled else 0
+    return count if count >= 2 else 0
+
+
+class CompilePool:
+    """Worker processes that compile graph parts; started early, used once, then stopped.
+
+    Parameters
+    ----------
+    workers
+        How many processes (0: none; every part compiles here).
+    """
+
+    def __init__(self, workers: int) -> None:
+        env = dict(os.environ)
+        # Each worker's Triton compiles share the host's cores with the others'.
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+        self._procs = []
+        for _ in range(workers):
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "sexpgpu.devices.cuda.compile_worker"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                )
+            except OSError as error:
+                log.debug("no compile worker: %s", error)
+                break
+            self._procs.append(proc)
+
+    @property
+    def size(self) -> int:
+        return len(self._procs)
+
+    def compile(self, jobs: Sequence[dict[str, Any]]) -> list[str | None]:
+        """Compile each job in a worker of its own; per job None, or why it failed."""
+        results: list[str | None] = ["no worker"] * len(jobs)
+
+        def run(i: int, proc: subprocess.Popen) -> None:
+            try:
+                ready = receive(proc.stdout)
+                if ready is None:
+                    raise EOFError("the worker stopped before it was ready")
+                send(proc.stdin, jobs[i])
+                reply = receive(proc.stdout)
+                if reply is None:
+                    raise EOFError("the worker stopped")
+                kind, value = reply
+                results[i] = None if kind == "done" else value
+                log.debug("compile worker %d: part %d %s %s", proc.pid, i, kind, value)
+            except (OSError, EOFError, ValueError) as error:
+                results[i] = f"{type(error).__name__}: {error}"
+
+        threads = [
+            threading.Thread(target=run, args=(i, proc), daemon=True)
+            for i, proc in zip(range(len(jobs)), self._procs, strict=False)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+
+    def close(self) -> None:
+        """Stop every worker (each exits at the end of its input)."""
+        for proc in self._procs:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self._procs = []
+
+
+def split(gm: Any, parts: int) -> Any | None:
+    """``gm`` cut into `parts` contiguous parts (``torch.fx`` split_module), or None.
+
+    Calls are dealt out in graph order, equal counts per part; a call whose
+    name starts ``sums__`` (an add into a step buffer) goes with the call
+    that computes its value. None where the graph is too small to split.
+    """
+    from torch.fx.passes.split_module import split_module
+
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    parts = min(parts, len(calls) // MIN_PART_NODES)
+    if parts < 2:
+        return None
+    part_of: dict[Any, int] = {}
+    for i, node in enumerate(calls):
+        part_of[node] = i * parts // len(calls)
+    for node in calls:
+        if node.name.startswith("sums__"):
+            producers = [a for a in node.all_input_nodes if a in part_of and a is not node]
+            values = [part_of[a] for a in producers if not a.name.startswith("sums__")]
+            if values:
+                part_of[node] = max(values)
+    for node in calls:
+        node.meta["sexpgpu_name"] = node.name
+    parent = split_module(gm, gm, lambda node: part_of[node], keep_original_order=True)
+    # split_module names its calls after their targets; the kernel report needs the IR's.
+    for part in parent.children():
+        for node in part.graph.nodes:
+            if node.op == "call_function" and "sexpgpu_name" in node.meta:
+                node._rename(node.meta["sexpgpu_name"])
+        part.recompile()
+    return parent
+
+
+class PartedCall:
+    """The split step: its compiled parts called in order, each value freed after its last use."""
+
+    def __init__(self, parent: Any, compiled: dict[str, Callable]) -> None:
+        self.compiled = compiled
+        self._parent = parent  # its constants (get_attr)
+        self._nodes = list(parent.graph.nodes)
+        last: dict[Any, int] = {}
+        for i, node in enumerate(self._nodes):
+            for arg in node.all_input_nodes:
+                last[arg] = i
+        self._free = [[] for _ in self._nodes]
+        for node, i in last.items():
+            self._free[i].append(node)
+
+    def __call__(self, *flat: Any) -> Any:
+        env: dict[Any, Any] = {}
+        args = iter(flat)
+        for i, node in enumerate(self._nodes):
+            if node.op == "placeholder":
+                env[node] = next(args)
+            elif node.op == "get_attr":
+                env[node] = functools.reduce(getattr, node.target.split("."), self._parent)
+            elif node.op == "call_module":
+                env[node] = self.compiled[node.target](*(env[a] for a in node.args))
+            elif node.op == "call_function" and node.target is operator.getitem:
+                env[node] = env[node.args[0]][node.args[1]]
+            elif node.op == "output":
+                return _load(node.args[0], env)
+            else:
+                raise AssertionError(f"unexpected node in the split step: {node.format_node()}")
+            for dead in self._free[i]:
+                env.pop(dead, None)
+        raise AssertionError("the split step has no output")
+
+
+def _load(value: Any, env: dict[Any, Any]) -> Any:
+    if isinstance(value, (tuple, list)):
+        return type(value)(_load(v, env) for v in value)
+    return env.get(value, value) if hasattr(value, "op") else value

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, BinaryIO
 
-__all__ = ["compile_part", "input_metadata", "receive", "send"]
+__all__ = ["compile_part", "input_metadata", "pack_graph", "receive", "send", "unpack_graph"]
 
 
 def send(stream: BinaryIO, message: Any) -> None:
@@ -41,6 +41,64 @@ def input_metadata(gm: Any) -> list[tuple[tuple[int, ...], tuple[int, ...], Any]
     """(shape, strides, dtype) of each placeholder of a traced graph, from its fake values."""
     values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     return [(tuple(v.shape), tuple(v.stride()), v.dtype) for v in values]
+
+
+class _Ref:
+    """A node among another node's operands, by name (`pack_graph`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def pack_graph(gm: Any) -> bytes:
+    """A graph of aten calls as bytes: its nodes one by one, and the tensors they read.
+
+    Not a pickled ``GraphModule``: unpickling one traces its code again,
+    which renames the calls after their targets (the kernel report reads the
+    IR's names) and runs those with no operands (a ``zeros`` the graph adds
+    into) once, into a constant that every call would then add into.
+    """
+    import torch
+
+    def ref(value: Any) -> Any:
+        return torch.fx.node.map_arg(value, lambda n: _Ref(n.name))
+
+    nodes = []
+    for node in gm.graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            target = ("op", str(node.target))
+        nodes.append((node.op, node.name, target, ref(node.args), ref(node.kwargs)))
+    constants = {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    return pickle.dumps((nodes, constants), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_graph(data: bytes) -> Any:
+    """The ``GraphModule`` of `pack_graph`'s bytes, node for node."""
+    import torch
+
+    nodes, constants = pickle.loads(data)
+    graph = torch.fx.Graph()
+    made: dict[str, Any] = {}
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, _Ref):
+            return made[value.name]
+        if isinstance(value, (list, tuple)):
+            return type(value)(resolve(v) for v in value)
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        return value
+
+    for op, name, target, args, kwargs in nodes:
+        if isinstance(target, tuple) and target[0] == "op":  # "aten.mm.default"
+            namespace, packet, overload = target[1].split(".")
+            target = getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+        if op == "output":
+            graph.output(resolve(args[0]))
+            continue
+        made[name] = graph.create_node(op, target, resolve(args), resolve(kwargs), name=name)
+    return torch.fx.GraphModule(constants, graph)
 
 
 def compile_part(graph: Any, inputs: list, device: str, options: dict[str, Any]) -> Any:
@@ -71,7 +129,7 @@ def main() -> None:
     while (job := receive(sys.stdin.buffer)) is not None:
         try:
             began = time.perf_counter()
-            graph = pickle.loads(job["graph"])
+            graph = unpack_graph(job["graph"])
             compile_part(graph, job["inputs"], job["device"], job["options"])
             send(replies, ("done", time.perf_counter() - began))
         except Exception as error:  # the parent compiles the part itself
@@ -79,4 +137,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # The package's copy of this module, not __main__: the jobs' pickles name its classes.
+    from sexpgpu.devices.cuda.compile_worker import main as package_main
+
+    package_main()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import threading
 import time
 from collections import Counter
@@ -40,7 +39,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.devices.cuda.compile_worker import compile_part, input_metadata
+from sexpgpu.devices.cuda.compile_worker import (
+    compile_part,
+    input_metadata,
+    pack_graph,
+    unpack_graph,
+)
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
@@ -226,11 +230,11 @@ class FusedGraph:
             return compiled
         parts = dict(parent.named_children())
         device = str(self.device)
-        # Both sides compile the part as unpickled (a GraphModule's tensors come back as
-        # buffers, which changes its cache key): the same bytes meet in one cache entry.
+        # Both sides compile the part as unpacked from the same bytes (its tensors come
+        # back as buffers, which changes the cache key): so they meet in one cache entry.
         jobs = [
             {
-                "graph": pickle.dumps(p),
+                "graph": pack_graph(p),
                 "inputs": input_metadata(p),
                 "device": device,
                 "options": options,
@@ -245,7 +249,7 @@ class FusedGraph:
 
         hits = counters["inductor"]["fxgraph_cache_hit"]
         for name, job in zip(parts, jobs, strict=True):  # cache hits where a worker compiled it
-            graph = pickle.loads(job["graph"])
+            graph = unpack_graph(job["graph"])
             compiled[name] = compile_part(graph, job["inputs"], device, options)
             self.kernels += self._kernel_map(compiled[name])
         self.parts = len(parts)

@@ -18,7 +18,16 @@ import sys
 import time
 from typing import Any, BinaryIO
 
-__all__ = ["compile_part", "input_metadata", "pack_graph", "receive", "send", "unpack_graph"]
+__all__ = [
+    "apply_settings",
+    "compile_part",
+    "input_metadata",
+    "pack_graph",
+    "receive",
+    "send",
+    "settings",
+    "unpack_graph",
+]
 
 
 def send(stream: BinaryIO, message: Any) -> None:
@@ -101,6 +110,35 @@ def unpack_graph(data: bytes) -> Any:
     return torch.fx.GraphModule(constants, graph)
 
 
+def settings() -> dict[str, Any]:
+    """This process's global settings that Inductor's code (and its cache key) depend on."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    return {
+        "fp32_precision": getattr(matmul, "fp32_precision", None),  # PyTorch 2.9 and later
+        "fp16_reduced": matmul.allow_fp16_reduced_precision_reduction,
+        "bf16_reduced": matmul.allow_bf16_reduced_precision_reduction,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "default_dtype": torch.get_default_dtype(),
+    }
+
+
+def apply_settings(values: dict[str, Any]) -> None:
+    """Take the parent's `settings`, so that a part compiles here as it would there."""
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    if values["fp32_precision"] is not None:
+        matmul.fp32_precision = values["fp32_precision"]
+    matmul.allow_fp16_reduced_precision_reduction = values["fp16_reduced"]
+    matmul.allow_bf16_reduced_precision_reduction = values["bf16_reduced"]
+    torch.backends.cudnn.allow_tf32 = values["cudnn_tf32"]
+    torch.use_deterministic_algorithms(values["deterministic"])
+    torch.set_default_dtype(values["default_dtype"])
+
+
 def compile_part(graph: Any, inputs: list, device: str, options: dict[str, Any]) -> Any:
     """``torch._inductor.compile`` of `graph` on fake inputs of these shapes, strides and dtypes.
 
@@ -129,6 +167,7 @@ def main() -> None:
     while (job := receive(sys.stdin.buffer)) is not None:
         try:
             began = time.perf_counter()
+            apply_settings(job["settings"])
             graph = unpack_graph(job["graph"])
             compile_part(graph, job["inputs"], job["device"], job["options"])
             send(replies, ("done", time.perf_counter() - began))

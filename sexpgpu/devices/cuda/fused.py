@@ -43,6 +43,7 @@ from sexpgpu.devices.cuda.compile_worker import (
     compile_part,
     input_metadata,
     pack_graph,
+    settings,
     unpack_graph,
 )
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
@@ -238,6 +239,7 @@ class FusedGraph:
                 "inputs": input_metadata(p),
                 "device": device,
                 "options": options,
+                "settings": settings(),
             }
             for p in parts.values()
         ]

@@ -223,12 +223,13 @@ class FusedGraph:
         Sets `kernels` from each compile's provenance, in launch order.
         """
         options = _provenance()
-        parent = split(gm, self._pool.size) if self._pool is not None else None
-        if parent is None:
+        parted = split(gm, self._pool.size) if self._pool is not None else None
+        if parted is None:
             with torch._inductor.config.patch(options):
                 compiled = torch._inductor.compile(gm, flat)
             self.kernels = self._kernel_map(compiled)
             return compiled
+        parent, sums = parted
         parts = dict(parent.named_children())
         device = str(self.device)
         # Both sides compile the part as unpacked from the same bytes (its tensors come
@@ -256,7 +257,7 @@ class FusedGraph:
             self.kernels += self._kernel_map(compiled[name])
         self.parts = len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
-        return PartedCall(parent, compiled)
+        return PartedCall(parent, compiled, sums)
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
         """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.

@@ -11,9 +11,11 @@ imports overlap the trace) and stop once the parts are in.
 
 A cut costs the fusions across it: the values that cross are materialized
 (most are anyway: activations kept for the backward, gradients), so the
-parts are few and cut between IR nodes. Each sum into the step's buffers
-stays in the part that computes its value, so the gradient accumulation
-still fuses into the backward's kernels. A worker that fails or is missing
+parts are few and cut between IR nodes. The sums into the step's buffers
+are taken out of the parts and done after them, in two multi-tensor
+kernels (a part's writes into its operands would come back with the
+value's strides), so the accumulation no longer fuses into the backward's
+last kernels: the price of the split, a pass over the gradients. A worker that fails or is missing
 leaves its part to this process: slower, never different.
 """
 
@@ -28,11 +30,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sexpgpu.devices.cuda.compile_worker import receive, send
 
-__all__ = ["CompilePool", "PartedCall", "compile_workers", "split"]
+__all__ = ["CompilePool", "PartedCall", "Sum", "compile_workers", "split"]
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +125,51 @@ class CompilePool:
         self._procs = []
 
 
-def split(gm: Any, parts: int) -> Any | None:
+@dataclass(frozen=True)
+class Sum:
+    """A sum into a step buffer taken out of the graph: ``flat[buffer]`` gets output ``value``."""
+
+    kind: str  # "copy" (a step of one call writes) or "add"
+    buffer: int  # the buffer's position among the graph's operands
+    value: int  # the value's position among the graph's outputs
+
+
+def _hoist_sums(gm: Any) -> list[Sum]:
+    """Take the sums into the step's buffers out of the graph; their values become outputs.
+
+    A part that wrote into an operand would have it changed in place by
+    AOTAutograd's wrappers, strides included (a transposed gradient came back
+    with the transposed strides); `PartedCall` writes them all itself.
+    """
+    import torch
+
+    kinds = {torch.ops.aten.copy_.default: "copy", torch.ops.aten.add_.Tensor: "add"}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    sums = []
+    for node in list(gm.graph.nodes):
+        if (
+            node.name.startswith("sums__")
+            and node.target in kinds
+            and node.args[0] in placeholders
+            and not node.users
+            and not node.kwargs
+        ):
+            sums.append(Sum(kinds[node.target], placeholders.index(node.args[0]), len(values)))
+            values.append(node.args[1])
+            gm.graph.erase_node(node)
+    output.args = (tuple(values),)
+    gm.recompile()
+    return sums
+
+
+def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
     """``gm`` cut into `parts` contiguous parts (``torch.fx`` split_module), or None.
 
-    Calls are dealt out in graph order, equal counts per part; a call whose
-    name starts ``sums__`` (an add into a step buffer) goes with the call
-    that computes its value. None where the graph is too small to split.
+    Calls are dealt out in graph order, equal counts per part, after the sums
+    into the step's buffers are taken out (`_hoist_sums`). None where the
+    graph is too small to split.
     """
     from torch.fx.passes.split_module import split_module
 
@@ -135,15 +177,9 @@ def split(gm: Any, parts: int) -> Any | None:
     parts = min(parts, len(calls) // MIN_PART_NODES)
     if parts < 2:
         return None
-    part_of: dict[Any, int] = {}
-    for i, node in enumerate(calls):
-        part_of[node] = i * parts // len(calls)
-    for node in calls:
-        if node.name.startswith("sums__"):
-            producers = [a for a in node.all_input_nodes if a in part_of and a is not node]
-            values = [part_of[a] for a in producers if not a.name.startswith("sums__")]
-            if values:
-                part_of[node] = max(values)
+    sums = _hoist_sums(gm)
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    part_of = {node: i * parts // len(calls) for i, node in enumerate(calls)}
     for node in calls:
         node.meta["sexpgpu_name"] = node.name
     parent = split_module(gm, gm, lambda node: part_of[node], keep_original_order=True)
@@ -153,14 +189,16 @@ def split(gm: Any, parts: int) -> Any | None:
             if node.op == "call_function" and "sexpgpu_name" in node.meta:
                 node._rename(node.meta["sexpgpu_name"])
         part.recompile()
-    return parent
+    return parent, sums
 
 
 class PartedCall:
-    """The split step: its compiled parts called in order, each value freed after its last use."""
+    """The split step: its compiled parts called in order, each value freed after its last use,
+    then the sums into the step's buffers (one multi-tensor kernel each for copies and adds)."""
 
-    def __init__(self, parent: Any, compiled: dict[str, Callable]) -> None:
+    def __init__(self, parent: Any, compiled: dict[str, Callable], sums: list[Sum]) -> None:
         self.compiled = compiled
+        self.sums = sums
         self._parent = parent  # its constants (get_attr)
         self._nodes = list(parent.graph.nodes)
         last: dict[Any, int] = {}
@@ -172,6 +210,16 @@ class PartedCall:
             self._free[i].append(node)
 
     def __call__(self, *flat: Any) -> Any:
+        import torch
+
+        out = self._run(flat)
+        for kind, apply in (("copy", torch._foreach_copy_), ("add", torch._foreach_add_)):
+            chosen = [s for s in self.sums if s.kind == kind]
+            if chosen:
+                apply([flat[s.buffer] for s in chosen], [out[s.value] for s in chosen])
+        return tuple(out[: len(out) - len(self.sums)])
+
+    def _run(self, flat: Sequence[Any]) -> Any:
         env: dict[Any, Any] = {}
         args = iter(flat)
         for i, node in enumerate(self._nodes):

@@ -180,3 +180,30 @@ def test_the_clip_factor_given_to_the_step_equals_clipping_first(ops, name):
         ref.step()
     for k in SHAPES:
         np.testing.assert_allclose(xp.download(ours[k]), tp[k].detach().numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+        ),
+    ],
+)
+def test_adamw_takes_a_gradient_in_another_layout_than_its_parameter(device):
+    # Op by op, a tied embedding's gradient comes out of its product transposed.
+    from sexpgpu.devices.arrays import AdamWStep
+    from sexpgpu.devices.cuda.arrays import TorchOps
+
+    xp = TorchOps(torch.device(device))
+    gen = torch.Generator().manual_seed(0)
+    param = torch.randn(6, 4, generator=gen).to(device)
+    grad = torch.randn(4, 6, generator=gen).to(device).t()  # strides (1, 6)
+    results = []
+    for g in (grad, grad.contiguous()):
+        p, m, v = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
+        step = AdamWStep(1e-2, 0.9, 0.95, 1e-8, 0.1, torch.ones((), device=device), None)
+        xp.adamw([p], [g], [m], [v], step)
+        results.append(p.cpu())
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)

@@ -91,9 +91,15 @@ class TorchOps:
             divisor = torch.reciprocal(step.grad_scale.double()).float()
         elif step.grad_scale is not None:
             divisor = torch.full((), 1.0 / step.grad_scale, device=self.device)
+        # The multi-tensor kernel reads each gradient in its parameter's layout; op
+        # by op, a product's gradient can come out transposed (a tied embedding's).
+        grads = [
+            g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+            for p, g in zip(params, grads, strict=True)
+        ]
         torch._fused_adamw_(
             list(params),
-            list(grads),
+            grads,
             list(m),
             list(v),
             [],

@@ -28,6 +28,7 @@ a graph whose ids are computed rather than fed is `NotFusable`.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -223,12 +224,24 @@ class FusedGraph:
         Sets `kernels` from each compile's provenance, in launch order.
         """
         options = _provenance()
-        parted = split(gm, self._pool.size) if self._pool is not None else None
+        if self._pool is not None:
+            try:  # on a copy: the split takes the sums out of its graph
+                parted = self._compile_parts(copy.deepcopy(gm), options)
+            except Exception as error:  # a part Inductor or the split refuses: whole, then
+                log.warning("the step compiles whole (its parts failed: %s)", error)
+                parted = None
+            if parted is not None:
+                return parted
+        with torch._inductor.config.patch(options):
+            compiled = torch._inductor.compile(gm, flat)
+        self.kernels = self._kernel_map(compiled)
+        return compiled
+
+    def _compile_parts(self, gm: torch.fx.GraphModule, options: dict) -> PartedCall | None:
+        """The step split into parts, compiled by the pool's workers and loaded here, or None."""
+        parted = split(gm, self._pool.size)
         if parted is None:
-            with torch._inductor.config.patch(options):
-                compiled = torch._inductor.compile(gm, flat)
-            self.kernels = self._kernel_map(compiled)
-            return compiled
+            return None
         parent, sums = parted
         parts = dict(parent.named_children())
         device = str(self.device)
@@ -247,15 +260,15 @@ class FusedGraph:
         for name, failed in zip(parts, self._pool.compile(jobs), strict=True):
             if failed:
                 log.debug("compile worker: %s not compiled (%s); compiling it here", name, failed)
-        compiled, self.kernels = {}, []
+        compiled, kernels = {}, []
         from torch._dynamo.utils import counters
 
         hits = counters["inductor"]["fxgraph_cache_hit"]
         for name, job in zip(parts, jobs, strict=True):  # cache hits where a worker compiled it
             graph = unpack_graph(job["graph"])
             compiled[name] = compile_part(graph, job["inputs"], device, options)
-            self.kernels += self._kernel_map(compiled[name])
-        self.parts = len(parts)
+            kernels += self._kernel_map(compiled[name])
+        self.kernels, self.parts = kernels, len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
         return PartedCall(parent, compiled, sums)
 

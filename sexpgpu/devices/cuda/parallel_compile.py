@@ -168,7 +168,8 @@ def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
     """``gm`` cut into `parts` contiguous parts (``torch.fx`` split_module), or None.
 
     Calls are dealt out in graph order, equal counts per part, after the sums
-    into the step's buffers are taken out (`_hoist_sums`). None where the
+    into the step's buffers are taken out (`_hoist_sums`); an output of a
+    call of several is taken in that call's part (only tensors cross). None where the
     graph is too small to split.
     """
     from torch.fx.passes.split_module import split_module
@@ -180,6 +181,9 @@ def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
     sums = _hoist_sums(gm)
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     part_of = {node: i * parts // len(calls) for i, node in enumerate(calls)}
+    for node in calls:  # a call of several outputs (attention's) is read in its own part
+        if node.target is operator.getitem and node.args[0] in part_of:
+            part_of[node] = part_of[node.args[0]]
     for node in calls:
         node.meta["sexpgpu_name"] = node.name
     parent = split_module(gm, gm, lambda node: part_of[node], keep_original_order=True)

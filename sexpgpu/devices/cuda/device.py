@@ -108,7 +108,8 @@ class CudaDevice:
         several ranks, NCCL sums packed copies of the gradients.
         """
         # Their imports overlap the trace; they stop once the plan is made.
-        self._pool = CompilePool(compile_workers(self.on_gpu and self._captures()))
+        nodes = len(compiled.train_graph.nodes())
+        self._pool = CompilePool(compile_workers(self.on_gpu and self._captures(), nodes))
         budget = detect_budget(self.first, memory)
         per_rank = max(1, microbatches // max(1, ranks))
         self._per_rank[id(compiled)] = per_rank

@@ -45,9 +45,15 @@ MIN_PART_NODES = 400
 MAX_WORKERS = 6
 
 
-def compile_workers(enabled: bool) -> int:
-    """How many workers a plan starts: half the host's cores, at most `MAX_WORKERS`."""
-    count = min(MAX_WORKERS, (os.cpu_count() or 1) // 2) if enabled else 0
+def compile_workers(enabled: bool, nodes: int) -> int:
+    """How many workers a plan starts for a training graph of `nodes` IR nodes.
+
+    Half the host's cores, at most `MAX_WORKERS`, and none for a graph too
+    small to split (each IR node lowers to one aten call or more).
+    """
+    if not enabled or nodes < 2 * MIN_PART_NODES:
+        return 0
+    count = min(MAX_WORKERS, (os.cpu_count() or 1) // 2)
     return count if count >= 2 else 0
 
 
@@ -113,15 +119,12 @@ class CompilePool:
         return results
 
     def close(self) -> None:
-        """Stop every worker (each exits at the end of its input)."""
+        """Stop every worker now: one still importing would otherwise finish first."""
         for proc in self._procs:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
-        for proc in self._procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            proc.kill()
+            proc.wait()
         self._procs = []
 
 

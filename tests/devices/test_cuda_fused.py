@@ -283,3 +283,28 @@ def test_a_part_no_worker_compiled_is_compiled_here(monkeypatch):
     whole(examples, b)
     for name in graph.outputs:
         np.testing.assert_allclose(a[name].numpy(), b[name].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path):
+    from sexpgpu.devices.cuda import parallel_compile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 20)
+    compiled = _compiled("mlp")
+    graph = compiled.train_graph
+    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    pool = parallel_compile.CompilePool(2)
+    try:
+        for seed in (1, 2):  # the second graph differs: it writes its sums
+            examples = {**_feeds(graph, seed), **params}
+            fused = FusedGraph(
+                graph,
+                torch.device("cpu"),
+                sums=list(graph.outputs),
+                examples=examples,
+                pool=pool,
+                overwrite=seed == 2,
+            )
+            assert "in 2 parts, 2 of them by compile workers" in fused.report_lines()[0]
+    finally:
+        pool.close()

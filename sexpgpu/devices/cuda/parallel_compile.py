@@ -6,8 +6,8 @@ cache lets a graph compiled in one process load in another, so the traced
 step is cut at a few points into contiguous parts (`split`), each part is
 compiled by a worker process (`sexpgpu.devices.cuda.compile_worker`) into
 the cache this process reads, all at once, and each part is then compiled
-here, where it is a cache hit. The workers start with the device (their
-imports overlap the trace) and stop once the parts are in.
+here, where it is a cache hit. The workers start with the plan (their
+imports overlap the trace) and stop once the plan is made.
 
 A cut costs the fusions across it: the values that cross are materialized
 (most are anyway: activations kept for the backward, gradients), so the
@@ -15,8 +15,9 @@ parts are few and cut between IR nodes. The sums into the step's buffers
 are taken out of the parts and done after them, in two multi-tensor
 kernels (a part's writes into its operands would come back with the
 value's strides), so the accumulation no longer fuses into the backward's
-last kernels: the price of the split, a pass over the gradients. A worker that fails or is missing
-leaves its part to this process: slower, never different.
+last kernels: the price of the split, a pass over the gradients. A worker
+that fails or is missing leaves its part to this process: slower, never
+different.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +45,8 @@ log = logging.getLogger(__name__)
 MIN_PART_NODES = 400
 # More parts cut more fusions, and each worker's own start costs a core.
 MAX_WORKERS = 6
+# Seconds a worker may take over its part (its imports included) before it is stopped.
+JOB_TIMEOUT = 600.0
 
 
 def compile_workers(enabled: bool, nodes: int) -> int:
@@ -70,7 +74,8 @@ class CompilePool:
         env = dict(os.environ)
         # Each worker's Triton compiles share the host's cores with the others'.
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
-        self._procs = []
+        self._procs: list[subprocess.Popen] = []
+        self._ready: set[int] = set()  # the workers whose "ready" has been read
         for _ in range(workers):
             try:
                 proc = subprocess.Popen(
@@ -90,14 +95,19 @@ class CompilePool:
         return len(self._procs)
 
     def compile(self, jobs: Sequence[dict[str, Any]]) -> list[str | None]:
-        """Compile each job in a worker of its own; per job None, or why it failed."""
+        """Compile each job in a worker of its own; per job None, or why it failed.
+
+        A worker that takes longer than `JOB_TIMEOUT` is stopped, and its
+        part is left to the caller.
+        """
         results: list[str | None] = ["no worker"] * len(jobs)
 
         def run(i: int, proc: subprocess.Popen) -> None:
             try:
-                ready = receive(proc.stdout)
-                if ready is None:
-                    raise EOFError("the worker stopped before it was ready")
+                if proc.pid not in self._ready:
+                    if receive(proc.stdout) is None:
+                        raise EOFError("the worker stopped before it was ready")
+                    self._ready.add(proc.pid)
                 send(proc.stdin, jobs[i])
                 reply = receive(proc.stdout)
                 if reply is None:
@@ -108,14 +118,17 @@ class CompilePool:
             except (OSError, EOFError, ValueError) as error:
                 results[i] = f"{type(error).__name__}: {error}"
 
-        threads = [
-            threading.Thread(target=run, args=(i, proc), daemon=True)
-            for i, proc in zip(range(len(jobs)), self._procs, strict=False)
-        ]
+        pairs = list(zip(range(len(jobs)), self._procs, strict=False))
+        threads = [threading.Thread(target=run, args=pair, daemon=True) for pair in pairs]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        deadline = time.monotonic() + JOB_TIMEOUT
+        for thread, (i, proc) in zip(threads, pairs, strict=True):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():  # stopped: its part compiles in the caller
+                proc.kill()
+                thread.join()
+                results[i] = f"no answer in {JOB_TIMEOUT:.0f} s"
         return results
 
     def close(self) -> None:

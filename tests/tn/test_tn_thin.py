@@ -72,10 +72,10 @@ def _draw(rng, shape, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_thin_product_equals_einsum_for_any_strides(interpreted, dtype):
     rng = np.random.default_rng(0)
-    e, r, l, x, y, m, w = 3, 3, 150, 2, 2, 5, 3  # l past one block; r y and m not powers of 2
-    z = _draw(rng, (e, l, y, r, x), dtype).permute(0, 3, 1, 4, 2)  # (e, r, l, x, y), strided
+    e, r, rows, x, y, m, w = 3, 3, 150, 2, 2, 5, 3  # rows past a block; r y, m not powers of 2
+    z = _draw(rng, (e, rows, y, r, x), dtype).permute(0, 3, 1, 4, 2)  # (e, r, l, x, y), strided
     g = _draw(rng, (m, r, y, w), dtype)
-    out = torch.full((w, l, e, m, x), np.nan, dtype=z.dtype).permute(2, 4, 0, 1, 3)
+    out = torch.full((w, rows, e, m, x), np.nan, dtype=z.dtype).permute(2, 4, 0, 1, 3)
     thin.thin_product(z, g, out)
     expected = torch.einsum("erlxy,mryw->exwlm", z, g)
     assert torch.allclose(out, expected, rtol=TOL[dtype], atol=TOL[dtype])

@@ -107,9 +107,17 @@ class CudaDevice:
         and the optimizer's temporaries, a few of the largest parameter. With
         several ranks, NCCL sums packed copies of the gradients.
         """
-        # Their imports overlap the trace; they stop once the plan is made.
+        # Their imports overlap the trace; they stop once the plan is made, or fails.
         nodes = len(compiled.train_graph.nodes())
         self._pool = CompilePool(compile_workers(self.on_gpu and self._captures(), nodes))
+        try:
+            return self._plan(compiled, moments, ranks, memory, microbatches)
+        finally:
+            self._pool.close()  # later graphs (a resume's, say) compile here
+
+    def _plan(
+        self, compiled: CompiledRun, moments: int, ranks: int, memory: int | None, microbatches: int
+    ) -> MemoryPlan:
         budget = detect_budget(self.first, memory)
         per_rank = max(1, microbatches // max(1, ranks))
         self._per_rank[id(compiled)] = per_rank
@@ -124,7 +132,6 @@ class CudaDevice:
         if self._captures() and self.on_gpu and plan.fits:
             self._dry_call(compiled, choice.degree)
             plan = plan_at(choice.degree)
-        self._pool.close()  # later graphs (a resume's, say) compile here
         return plan
 
     def _dry_call(self, compiled: CompiledRun, degree: int) -> None:

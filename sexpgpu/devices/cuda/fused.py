@@ -239,6 +239,8 @@ class FusedGraph:
 
     def _compile_parts(self, gm: torch.fx.GraphModule, options: dict) -> PartedCall | None:
         """The step split into parts, compiled by the pool's workers and loaded here, or None."""
+        from torch._dynamo.utils import counters
+
         parted = split(gm, self._pool.size)
         if parted is None:
             return None
@@ -261,8 +263,6 @@ class FusedGraph:
             if failed:
                 log.debug("compile worker: %s not compiled (%s); compiling it here", name, failed)
         compiled, kernels = {}, []
-        from torch._dynamo.utils import counters
-
         hits = counters["inductor"]["fxgraph_cache_hit"]
         for name, job in zip(parts, jobs, strict=True):  # cache hits where a worker compiled it
             graph = unpack_graph(job["graph"])

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from sexpgpu.runtime.devices import Device
+from sexpgpu.runtime.units import MiB
 
 from .cholqr import cholesky_qr2
 from .linalg import svd as host_svd
@@ -41,6 +42,14 @@ Array = Any
 # (on an H200's host: 4.6 ms a 61 MiB site with 8, 5.2 ms with 4).
 STAGE_THREADS = min(8, os.cpu_count() or 1)
 _STAGE_PIECE = 8 << 20
+
+# Single-precision complex products run in double on a GPU (`TorchBackend`):
+# the double copies of one product's operands and result stay under this many
+# bytes, which the plan reserves (`Backend.product_slack`); the product's
+# smallest dimension is at least _WIDE_DIM, so the widening's copies are small
+# against its arithmetic.
+WIDE_PRODUCT_BYTES = 256 * MiB
+_WIDE_DIM = 512
 
 
 class Backend:
@@ -122,6 +131,10 @@ class Backend:
     def matmul(self, a: Array, b: Array) -> Array:
         """The batched product ``(n, p, k) @ (n, k, q)``."""
         raise NotImplementedError
+
+    def product_slack(self, work: np.dtype) -> int:
+        """Bytes one product of ``work`` arrays may hold beyond its operands and result."""
+        return 0
 
     def adjoint(self, x: Array) -> Array:
         """The conjugate transpose of a matrix (a view where the library allows)."""
@@ -301,15 +314,23 @@ class TorchBackend(Backend):
     device : Device
         ``cuda:N`` for a GPU; ``cpu:N`` runs on PyTorch's CPU device (the
         index names a simulated rank).
+    wide_products : bool, optional
+        Whether large complex64 products are computed in complex128 and
+        rounded once (default: on a GPU). On an H200 ZGEMM, on the FP64
+        tensor cores, outruns CGEMM on the FP32 units, so the sweep is no
+        slower and its error against the exact product falls about tenfold
+        (benches/README.md). The rule depends on the shapes alone, so every
+        budget still runs the same arithmetic.
     """
 
     name = "torch"
 
-    def __init__(self, device: Device) -> None:
+    def __init__(self, device: Device, *, wide_products: bool | None = None) -> None:
         import torch  # a device library, loaded only for this backend
 
         self._torch = torch
         self.device = device
+        self._wide = device.is_cuda if wide_products is None else wide_products
         self.is_host = not device.is_cuda
         self._dev = device.torch_device()
         cuda = device.is_cuda
@@ -435,10 +456,26 @@ class TorchBackend(Backend):
         return int(x.numel() * x.element_size())
 
     def dot(self, a: Any, b: Any) -> Any:
-        return self._torch.mm(a, b)
+        return self._product(self._torch.mm, a, b)
 
     def matmul(self, a: Any, b: Any) -> Any:
-        return self._torch.bmm(a, b)
+        return self._product(self._torch.bmm, a, b)
+
+    def product_slack(self, work: np.dtype) -> int:
+        return WIDE_PRODUCT_BYTES if self._wide and work == np.complex64 else 0
+
+    def _product(self, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+        """``gemm(a, b)``, in complex128 where `wide_products` applies to it."""
+        torch = self._torch
+        if not (self._wide and a.dtype == torch.complex64 and b.dtype == torch.complex64):
+            return gemm(a, b)
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = a.shape[0] if a.dim() == 3 else 1
+        doubled = 2 * a.element_size() * batch * (m * k + k * n + m * n)
+        if min(m, k, n) < _WIDE_DIM or doubled > WIDE_PRODUCT_BYTES:
+            return gemm(a, b)
+        wide = torch.complex128
+        return gemm(a.to(wide), b.to(wide)).to(torch.complex64)
 
     def adjoint(self, x: Any) -> Any:
         # Materialized, so that every product that reads it takes the same GEMM path.

@@ -144,7 +144,8 @@ def execute(
         A budget is smaller than the sweep's working set.
     """
     budgets = budgets_for(backends, resources)
-    plan = make_plan(stack, source.size, work, len(backends), budgets)
+    slack = max(xp.product_slack(work) for xp in backends)
+    plan = make_plan(stack, source.size, work, len(backends), budgets, slack)
     _warn_large_inputs(fn, stack, budgets.host)
     logger.debug(
         "SRC plan: sites=%d, layers=%d, sketch=%d, dtype=%s, devices=%s, %s",

@@ -7,7 +7,9 @@ The plan is made before any site is read, from the shapes alone::
                  intermediates stay under TILE_BYTES), never by the budgets
     working set  per rank, the most one site of either pass holds at once
                  (cores and the next site's prefetch, the environment in and
-                 out, the sketch, its QR, the projected environment, a tile)
+                 out, the sketch, its QR, the projected environment, a tile,
+                 and what one product may hold beyond its operands: the
+                 double copies of a widened complex64 product on a GPU)
     tiers        each stored environment on the device, in (pinned) host
                  memory, or on disk under scratch_dir, first come first served
     resident     on a GPU, the input sites whose cores stay on the device
@@ -271,8 +273,19 @@ def _memory_error(what: str, need: int, budget: int, name: str, source: str) -> 
     )
 
 
-def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budgets) -> Plan:
+def make_plan(
+    stack: Stack,
+    size: int,
+    work: np.dtype,
+    ranks: int,
+    budgets: Budgets,
+    product_slack: int = 0,
+) -> Plan:
     """Plan one sweep of ``size`` sketch columns over ``ranks`` devices.
+
+    ``product_slack`` is what one product may hold beyond its operands and
+    result on a rank (`Backend.product_slack`): counted in the device's
+    working set.
 
     Raises
     ------
@@ -285,7 +298,7 @@ def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budg
     tile_work = tile * per_line
     blocks = column_blocks(size, ranks)
     wide = _qr_widening(work)
-    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item
+    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item + product_slack
     host_work = _host_working_set(stack, size, item)
     device_budget = budgets.device
     if budgets.shared:
@@ -303,7 +316,7 @@ def make_plan(stack: Stack, size: int, work: np.dtype, ranks: int, budgets: Budg
         )
     if not budgets.shared and host_work > budgets.host:
         raise _memory_error("host", host_work, budgets.host, budgets.host_name, "host memory")
-    full = _working_set(stack, size, blocks, tile_work, True, wide) * item
+    full = _working_set(stack, size, blocks, tile_work, True, wide) * item + product_slack
     hold_z = full <= device_budget
     work_device = full if hold_z else lean
     tiers, env_bytes = _tiers(stack, blocks, item, device_budget - work_device, budgets, host_work)
@@ -389,7 +402,9 @@ def _tiers(
     return tuple(tiers), totals
 
 
-def minimum_budgets(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> tuple[int, int]:
+def minimum_budgets(
+    stack: Stack, size: int, work: np.dtype, ranks: int = 1, product_slack: int = 0
+) -> tuple[int, int]:
     """The smallest ``(device, host)`` budgets `make_plan` accepts, in bytes.
 
     On a host backend (one memory) the smallest budget is their sum.
@@ -399,4 +414,4 @@ def minimum_budgets(stack: Stack, size: int, work: np.dtype, ranks: int = 1) -> 
     tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
     blocks = column_blocks(size, ranks)
     lean = _working_set(stack, size, blocks, tile * per_line, False, _qr_widening(work)) * item
-    return lean, _host_working_set(stack, size, item)
+    return lean + product_slack, _host_working_set(stack, size, item)

@@ -11,9 +11,13 @@ import pytest
 import torch
 from tn_helpers import EXACT_TOL, dense_stack, make_stack, rel_error, run_src
 
+import sexpgpu.tn.backend as backend_module
+import sexpgpu.tn.engine as engine
+from sexpgpu.runtime.devices import Device
 from sexpgpu.runtime.group import GroupAborted
 from sexpgpu.tn import Resources, src
-from sexpgpu.tn.plan import minimum_budgets
+from sexpgpu.tn.backend import WIDE_PRODUCT_BYTES, TorchBackend
+from sexpgpu.tn.plan import Budgets, make_plan, minimum_budgets
 from sexpgpu.tn.trains import normalize_stack
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
@@ -125,6 +129,48 @@ def test_torch_is_not_imported_by_the_numpy_sweep():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _complex64(rng, *shape):
+    return torch.from_numpy((rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype("c8"))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, cuda])])
+def test_wide_products_round_a_double_product_once(device):
+    rng = np.random.default_rng(0)
+    xp = TorchBackend(Device(device, 0), wide_products=True)
+    plain = TorchBackend(Device(device, 0), wide_products=False)
+    a, b = _complex64(rng, 600, 520).to(device), _complex64(rng, 520, 530).to(device)
+    wide = torch.mm(a.to(torch.complex128), b.to(torch.complex128)).to(torch.complex64)
+    assert torch.equal(xp.dot(a, b), wide) and not torch.equal(plain.dot(a, b), wide)
+    x, y = torch.stack([a, 2 * a]), torch.stack([b, b])
+    assert torch.equal(xp.matmul(x, y), torch.bmm(x.cdouble(), y.cdouble()).cfloat())
+    # a small inner dimension, or another dtype: the plain product
+    assert torch.equal(xp.dot(a[:, :100], b[:100]), torch.mm(a[:, :100], b[:100]))
+    assert torch.equal(xp.dot(a.cdouble(), b.cdouble()), torch.mm(a.cdouble(), b.cdouble()))
+    assert xp.product_slack(np.dtype("c8")) == WIDE_PRODUCT_BYTES
+    assert xp.product_slack(np.dtype("c16")) == plain.product_slack(np.dtype("c8")) == 0
+
+
+def test_the_plan_reserves_the_product_slack():
+    stack = make_stack("OS", 6, np.random.default_rng(1), np.complex64, chi=6, bond=3)
+    st = normalize_stack(stack, "src", ["t0", "t1"])
+    work, big = np.dtype("c8"), Budgets(1 << 40, 1 << 34, "gpu_memory", "host_memory", "x", False)
+    for slack in (0, 1 << 20):
+        plan = make_plan(st, 6, work, 1, big, slack)
+        assert plan.work_device == make_plan(st, 6, work, 1, big).work_device + slack
+    lean, _host = minimum_budgets(st, 6, work, 1, 1 << 20)
+    assert lean == minimum_budgets(st, 6, work)[0] + (1 << 20)
+
+
+def test_a_sweep_of_wide_products_matches_the_exact_product(monkeypatch):
+    stack = make_stack("OO", 6, np.random.default_rng(2), np.complex64, chi=6, bond=3)
+    plain = _run(stack, 64, backend="torch")
+    monkeypatch.setattr(backend_module, "_WIDE_DIM", 1)  # every product of the toy sweep
+    monkeypatch.setattr(engine, "TorchBackend", functools.partial(TorchBackend, wide_products=True))
+    wide = _run(stack, 64, backend="torch")
+    assert any(not np.array_equal(x, y) for x, y in zip(wide, plain, strict=True))
+    assert rel_error(wide, dense_stack(stack)) < EXACT_TOL[np.complex64]
 
 
 # ----- on a GPU (python -m pytest -m gpu tests/tn) ------------------------------------------

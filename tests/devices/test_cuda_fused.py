@@ -309,3 +309,15 @@ def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path)
             assert "in 2 parts, 2 of them by compile workers" in fused.report_lines()[0]
     finally:
         pool.close()
+
+
+def test_the_pool_leaves_jobs_past_its_workers_and_its_time_to_the_caller(monkeypatch):
+    from sexpgpu.devices.cuda import parallel_compile
+
+    monkeypatch.setattr(parallel_compile, "JOB_TIMEOUT", 0.2)  # less than a worker's imports
+    pool = parallel_compile.CompilePool(1)
+    try:
+        ended = list(pool.compile([{}, {}]))
+    finally:
+        pool.close()
+    assert ended == [(1, "no worker"), (0, "no answer in 0 s")]

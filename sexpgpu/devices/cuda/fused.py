@@ -259,16 +259,18 @@ class FusedGraph:
             }
             for p in parts.values()
         ]
-        for name, failed in zip(parts, self._pool.compile(jobs), strict=True):
-            if failed:
-                log.debug("compile worker: %s not compiled (%s); compiling it here", name, failed)
-        compiled, kernels = {}, []
+        compiled, by_part = {}, {}
         hits = counters["inductor"]["fxgraph_cache_hit"]
-        for name, job in zip(parts, jobs, strict=True):  # cache hits where a worker compiled it
-            graph = unpack_graph(job["graph"])
-            compiled[name] = compile_part(graph, job["inputs"], device, options)
-            kernels += self._kernel_map(compiled[name])
-        self.kernels, self.parts = kernels, len(parts)
+        names = list(parts)
+        # Each part is loaded as its worker ends (a cache hit), beside the others' compiles.
+        for i, failed in self._pool.compile(jobs):
+            if failed:
+                log.debug("compile worker: %s not compiled (%s); compiled here", names[i], failed)
+            graph = unpack_graph(jobs[i]["graph"])
+            compiled[names[i]] = compile_part(graph, jobs[i]["inputs"], device, options)
+            by_part[i] = self._kernel_map(compiled[names[i]])
+        self.kernels = [k for i in range(len(names)) for k in by_part[i]]
+        self.parts = len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
         return PartedCall(parent, compiled, sums)
 

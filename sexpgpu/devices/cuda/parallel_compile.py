@@ -27,11 +27,12 @@ import functools
 import logging
 import operator
 import os
+import queue
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,15 +95,17 @@ class CompilePool:
     def size(self) -> int:
         return len(self._procs)
 
-    def compile(self, jobs: Sequence[dict[str, Any]]) -> list[str | None]:
-        """Compile each job in a worker of its own; per job None, or why it failed.
+    def compile(self, jobs: Sequence[dict[str, Any]]) -> Iterator[tuple[int, str | None]]:
+        """Compile each job in a worker of its own; ``(job, None or why it failed)`` as each ends.
 
-        A worker that takes longer than `JOB_TIMEOUT` is stopped, and its
-        part is left to the caller.
+        The caller loads a part while the workers are still compiling the
+        others. A worker that takes longer than `JOB_TIMEOUT` is stopped, and
+        its part is left to the caller, as are the jobs beyond the workers.
         """
-        results: list[str | None] = ["no worker"] * len(jobs)
+        ended: queue.Queue[tuple[int, str | None]] = queue.Queue()
 
         def run(i: int, proc: subprocess.Popen) -> None:
+            failed: str | None = None
             try:
                 if proc.pid not in self._ready:
                     if receive(proc.stdout) is None:
@@ -113,23 +116,29 @@ class CompilePool:
                 if reply is None:
                     raise EOFError("the worker stopped")
                 kind, value = reply
-                results[i] = None if kind == "done" else value
+                failed = None if kind == "done" else value
                 log.debug("compile worker %d: part %d %s %s", proc.pid, i, kind, value)
             except (OSError, EOFError, ValueError) as error:
-                results[i] = f"{type(error).__name__}: {error}"
+                failed = f"{type(error).__name__}: {error}"
+            ended.put((i, failed))
 
         pairs = list(zip(range(len(jobs)), self._procs, strict=False))
-        threads = [threading.Thread(target=run, args=pair, daemon=True) for pair in pairs]
-        for thread in threads:
-            thread.start()
+        for pair in pairs:
+            threading.Thread(target=run, args=pair, daemon=True).start()
+        for i in range(len(pairs), len(jobs)):
+            yield i, "no worker"
         deadline = time.monotonic() + JOB_TIMEOUT
-        for thread, (i, proc) in zip(threads, pairs, strict=True):
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():  # stopped: its part compiles in the caller
-                proc.kill()
-                thread.join()
-                results[i] = f"no answer in {JOB_TIMEOUT:.0f} s"
-        return results
+        waiting = dict(pairs)
+        while waiting:
+            try:
+                i, failed = ended.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:  # stopped: their parts compile in the caller
+                for i, proc in waiting.items():
+                    proc.kill()
+                    yield i, f"no answer in {JOB_TIMEOUT:.0f} s"
+                return
+            del waiting[i]
+            yield i, failed
 
     def close(self) -> None:
         """Stop every worker now: one still importing would otherwise finish first."""

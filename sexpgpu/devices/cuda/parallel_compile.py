@@ -96,11 +96,12 @@ class CompilePool:
         return len(self._procs)
 
     def compile(self, jobs: Sequence[dict[str, Any]]) -> Iterator[tuple[int, str | None]]:
-        """Compile each job in a worker of its own; ``(job, None or why it failed)`` as each ends.
+        """Start each job in a worker of its own; ``(job, None or why it failed)`` as each ends.
 
-        The caller loads a part while the workers are still compiling the
-        others. A worker that takes longer than `JOB_TIMEOUT` is stopped, and
-        its part is left to the caller, as are the jobs beyond the workers.
+        The workers start at the call, so the caller can work before it
+        iterates, and load a part while the others still compile. A worker
+        that takes longer than `JOB_TIMEOUT` is stopped, and its part is
+        left to the caller, as are the jobs beyond the workers.
         """
         ended: queue.Queue[tuple[int, str | None]] = queue.Queue()
 
@@ -125,10 +126,15 @@ class CompilePool:
         pairs = list(zip(range(len(jobs)), self._procs, strict=False))
         for pair in pairs:
             threading.Thread(target=run, args=pair, daemon=True).start()
-        for i in range(len(pairs), len(jobs)):
+        return self._ended(ended, dict(pairs), len(jobs), time.monotonic() + JOB_TIMEOUT)
+
+    @staticmethod
+    def _ended(
+        ended: queue.Queue, waiting: dict[int, subprocess.Popen], jobs: int, deadline: float
+    ) -> Iterator[tuple[int, str | None]]:
+        """`compile`'s results as they come, until the last or the deadline."""
+        for i in range(len(waiting), jobs):
             yield i, "no worker"
-        deadline = time.monotonic() + JOB_TIMEOUT
-        waiting = dict(pairs)
         while waiting:
             try:
                 i, failed = ended.get(timeout=max(0.0, deadline - time.monotonic()))

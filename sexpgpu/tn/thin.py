@@ -26,7 +26,7 @@ from functools import cache
 from math import prod
 from typing import Any
 
-__all__ = ["available", "thin_product"]
+__all__ = ["available", "fits", "thin_product"]
 
 # Beyond these the unrolled loops outgrow the kernel (the contraction is
 # meant to be a bond of a few and one physical leg).

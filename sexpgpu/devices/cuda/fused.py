@@ -247,7 +247,7 @@ class FusedGraph:
             return None
         parent, sums = parted
         parts = dict(parent.named_children())
-        device = str(self.device)
+        device, matmul_settings = str(self.device), settings()
         # Both sides compile the part as unpacked from the same bytes (its tensors come
         # back as buffers, which changes the cache key): so they meet in one cache entry.
         jobs = [
@@ -256,7 +256,7 @@ class FusedGraph:
                 "inputs": input_metadata(p),
                 "device": device,
                 "options": options,
-                "settings": settings(),
+                "settings": matmul_settings,
             }
             for p in parts.values()
         ]

@@ -87,8 +87,6 @@ def unpack_graph(data: bytes) -> Any:
     """The ``GraphModule`` of `pack_graph`'s bytes, node for node."""
     import torch
 
-    import sexpgpu.devices.cuda.side_stream  # noqa: F401  (registers the ops a graph may call)
-
     nodes, constants = pickle.loads(data)
     graph = torch.fx.Graph()
     made: dict[str, Any] = {}

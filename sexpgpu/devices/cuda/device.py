@@ -183,13 +183,9 @@ class CudaDevice:
 
         The rank's thread computes on its stream; where steps are captured,
         the capture's stream is a second, and the thread that plans (its
-        trace and dry call run the step) holds a third. A step compiled in
-        parts runs its weight gradients' products on a side stream too
-        (`side_stream`): one more pair in each of those two threads.
+        trace and dry call run the step) holds a third.
         """
-        if not self._captures():
-            return 1
-        return 5 if self._pool.size else 3
+        return 3 if self._captures() else 1
 
     def _captures(self) -> bool:
         """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""

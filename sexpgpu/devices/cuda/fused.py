@@ -51,7 +51,6 @@ from sexpgpu.devices.cuda.compile_worker import (
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
-from sexpgpu.devices.cuda.side_stream import capture_stream
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import Op
@@ -135,7 +134,6 @@ class FusedGraph:
         self._pool = pool if pool is not None and pool.size else None
         self.parts = 1  # how many parts Inductor compiled the step in
         self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
-        self.side_products = 0  # weight gradients' products on the side stream
         self.overwrite = overwrite
         self.eager = TorchGraph(graph, self.device)
         self.graph = self.eager.graph  # decomposed where the lowering has no kernel
@@ -244,10 +242,11 @@ class FusedGraph:
         """The step split into parts, compiled by the pool's workers and loaded here, or None."""
         from torch._dynamo.utils import counters
 
-        step = split(gm, self._pool.size)
-        if step is None:
+        parted = split(gm, self._pool.size)
+        if parted is None:
             return None
-        parts = dict(step.parent.named_children())
+        parent, sums = parted
+        parts = dict(parent.named_children())
         device, matmul_settings = str(self.device), settings()
         # Both sides compile the part as unpacked from the same bytes (its tensors come
         # back as buffers, which changes the cache key): so they meet in one cache entry.
@@ -276,8 +275,7 @@ class FusedGraph:
         self.kernels = [k for i in range(len(names)) for k in by_part[i]]
         self.parts = len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
-        self.side_products = step.side
-        return PartedCall(step, compiled, self.device)
+        return PartedCall(parent, compiled, sums)
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
         """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.
@@ -386,9 +384,8 @@ class FusedGraph:
         self._static = [t.clone() for t in flat[:n_in]]
         try:
             graph = torch.cuda.CUDAGraph()
-            stream = capture_stream(self.device) if self.side_products else None
             # Other ranks' threads keep working on their GPUs while this one captures.
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._outputs = list(self._compiled(*self._static, *flat[n_in:]))
         except RuntimeError as error:
             self.capture, self.no_capture = False, f"{type(error).__name__}: {error}"
@@ -423,10 +420,7 @@ class FusedGraph:
     def _parts_text(self) -> str:
         if self.parts == 1:
             return ""
-        text = f" in {self.parts} parts, {self.parts_cached} of them by compile workers"
-        if self.side_products and self.device.type == "cuda":
-            text += f"; {self.side_products} weight-gradient products on a side stream"
-        return text
+        return f" in {self.parts} parts, {self.parts_cached} of them by compile workers"
 
     def report_lines(self) -> list[str]:
         """``kernel x12 triton_poi_fused_add_gelu_7 <- add, gelu (gpt.lisp:31)``, repeats folded."""

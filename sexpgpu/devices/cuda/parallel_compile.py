@@ -38,7 +38,7 @@ from typing import Any
 
 from sexpgpu.devices.cuda.compile_worker import receive, send
 
-__all__ = ["CompilePool", "PartedCall", "Split", "Sum", "compile_workers", "split"]
+__all__ = ["CompilePool", "PartedCall", "Sum", "compile_workers", "split"]
 
 log = logging.getLogger(__name__)
 
@@ -195,35 +195,21 @@ def _hoist_sums(gm: Any) -> list[Sum]:
     return sums
 
 
-@dataclass(frozen=True)
-class Split:
-    """`split`'s step: the parent graph calling the parts, and what its outputs hold."""
-
-    parent: Any  # a GraphModule whose submodules are the parts
-    sums: list[Sum]
-    side: int  # products on the side stream
-    kept: int  # trailing outputs that only keep the side stream's operands alive
-
-
-def split(gm: Any, parts: int) -> Split | None:
+def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
     """``gm`` cut into `parts` contiguous parts (``torch.fx`` split_module), or None.
 
     Calls are dealt out in graph order, equal counts per part, after the sums
-    into the step's buffers are taken out (`_hoist_sums`) and the products
-    only they read are put on the side stream (`side_stream.to_side_stream`); an output of a
+    into the step's buffers are taken out (`_hoist_sums`); an output of a
     call of several is taken in that call's part (only tensors cross). None where the
     graph is too small to split.
     """
     from torch.fx.passes.split_module import split_module
-
-    from sexpgpu.devices.cuda.side_stream import to_side_stream
 
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     parts = min(parts, len(calls) // MIN_PART_NODES)
     if parts < 2:
         return None
     sums = _hoist_sums(gm)
-    side, kept = to_side_stream(gm)  # the weight gradients' products, read by the outputs only
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     part_of = {node: i * parts // len(calls) for i, node in enumerate(calls)}
     for node in calls:  # a call of several outputs (attention's) is read in its own part
@@ -238,21 +224,18 @@ def split(gm: Any, parts: int) -> Split | None:
             if node.op == "call_function" and "sexpgpu_name" in node.meta:
                 node._rename(node.meta["sexpgpu_name"])
         part.recompile()
-    return Split(parent, sums, side, kept)
+    return parent, sums
 
 
 class PartedCall:
     """The split step: its compiled parts called in order, each value freed after its last use,
-    then, the side stream joined, the sums into the step's buffers (one multi-tensor kernel
-    each for copies and adds)."""
+    then the sums into the step's buffers (one multi-tensor kernel each for copies and adds)."""
 
-    def __init__(self, step: Split, compiled: dict[str, Callable], device: Any) -> None:
-        self.device = device
+    def __init__(self, parent: Any, compiled: dict[str, Callable], sums: list[Sum]) -> None:
         self.compiled = compiled
-        self.sums = step.sums
-        self._kept = step.kept
-        self._parent = step.parent  # its constants (get_attr)
-        self._nodes = list(step.parent.graph.nodes)
+        self.sums = sums
+        self._parent = parent  # its constants (get_attr)
+        self._nodes = list(parent.graph.nodes)
         last: dict[Any, int] = {}
         for i, node in enumerate(self._nodes):
             for arg in node.all_input_nodes:
@@ -264,11 +247,7 @@ class PartedCall:
     def __call__(self, *flat: Any) -> Any:
         import torch
 
-        from sexpgpu.devices.cuda.side_stream import join
-
         out = self._run(flat)
-        join(self.device)
-        out = out[: len(out) - self._kept]
         for kind, apply in (("copy", torch._foreach_copy_), ("add", torch._foreach_add_)):
             chosen = [s for s in self.sums if s.kind == kind]
             if chosen:

@@ -321,3 +321,26 @@ def test_the_pool_leaves_jobs_past_its_workers_and_its_time_to_the_caller(monkey
     finally:
         pool.close()
     assert ended == [(1, "no worker"), (0, "no answer in 0 s")]
+
+
+def test_a_transposed_sum_reaches_its_buffer_in_the_buffers_layout():
+    """The split's sums: a value whose layout differs from its buffer's is made contiguous
+    inside the graph (where the copy fuses into its producer), not copied across layouts."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from sexpgpu.devices.cuda.parallel_compile import Sum, _hoist_sums
+
+    def step(buffer, x, w):
+        buffer.copy_((x.t() @ w).t())  # a [4 3] gradient, transposed
+        return ((x * 2).sum(),)
+
+    x, w = torch.randn(5, 3), torch.randn(5, 4)
+    gm = make_fx(step)(torch.zeros(4, 3), x, w)
+    (copy,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    copy._rename(f"sums__{copy.name}")
+    assert _hoist_sums(gm) == [Sum("copy", 0, 1)]
+    value = next(n for n in gm.graph.nodes if n.op == "output").args[0][1]
+    assert value.target is torch.ops.aten.clone.default and value.name.startswith("sums__")
+    _, got = gm(torch.zeros(4, 3), x, w)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, (x.t() @ w).t())

@@ -188,11 +188,33 @@ def _hoist_sums(gm: Any) -> list[Sum]:
             and not node.kwargs
         ):
             sums.append(Sum(kinds[node.target], placeholders.index(node.args[0]), len(values)))
-            values.append(node.args[1])
+            values.append(_in_layout_of(gm.graph, node.args[1], node.args[0]))
             gm.graph.erase_node(node)
     output.args = (tuple(values),)
     gm.recompile()
     return sums
+
+
+def _in_layout_of(graph: Any, value: Any, buffer: Any) -> Any:
+    """`value`, or its contiguous copy where `buffer` is contiguous and `value` is not.
+
+    The copy fuses into the kernel that makes the value (a transposed
+    gradient, the tied embedding's, comes out of its product so), which
+    then writes it in the buffer's layout; copied later, between layouts,
+    it took 0.28 ms of an H200's step.
+    """
+    import torch
+
+    want, have = buffer.meta["val"], value.meta["val"]
+    if not want.is_contiguous() or have.is_contiguous():
+        return value
+    with graph.inserting_after(value):
+        copy = graph.call_function(
+            torch.ops.aten.clone.default, (value,), {"memory_format": torch.contiguous_format}
+        )
+    copy.meta["val"] = have.clone(memory_format=torch.contiguous_format)
+    copy._rename(f"sums__{copy.name}")
+    return copy
 
 
 def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:

@@ -6,9 +6,8 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    feeds of the right shapes (real tensors, so a kernel that refuses them,
    an attention backend say, is replaced before it is recorded), and the
    lowering (cuBLAS products, SDPA attention, the fused aten
-   normalizations) is written once, a few ops written out as cheaper
-   arithmetic (`sexpgpu.devices.cuda.decompositions`). Each aten call is renamed
-   after the IR node that made it (``ir12__mul``), so Inductor's provenance
+   normalizations) is written once. Each aten call is renamed
+   after the IR node that made it (``ir12__gelu``), so Inductor's provenance
    maps every generated kernel back to IR nodes and their source forms.
 2. **sum in place**: the traced function adds each summed output (the loss,
    every gradient) into a buffer the caller passes, so the gradient
@@ -49,7 +48,6 @@ from sexpgpu.devices.cuda.compile_worker import (
     unpack_graph,
     warm_up,
 )
-from sexpgpu.devices.cuda.decompositions import TRACE_DECOMPOSITIONS
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
@@ -207,9 +205,7 @@ class FusedGraph:
         context = torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True))
         try:
             with torch._guards.tracing(context):
-                gm = make_fx(
-                    self._traced, tracing_mode="real", decomposition_table=TRACE_DECOMPOSITIONS
-                )(*flat)
+                gm = make_fx(self._traced, tracing_mode="real")(*flat)
         except torch.OutOfMemoryError as error:  # the trace runs the step op by op once
             torch.cuda.empty_cache()
             raise NotFusable(f"the trace ran out of device memory ({error})") from error

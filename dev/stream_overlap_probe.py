@@ -2,14 +2,15 @@
 
 The MLP half of GPT-2 small's backward (12 layers, batch 16 x 1024, bf16),
 captured as a CUDA graph: serially, then with the weight-gradient products
-(and the bias sums) on a side stream, beside the data gradients' chain;
-each family alone; then Inductor's gelu and layernorm backward kernels and a
-copy, against the fewest bytes they move.
+and the bias sums on a side stream, beside the data gradients' chain; the
+products there without any bias sums; each family alone; then Inductor's gelu
+and layernorm backward kernels and a copy, against the fewest bytes they move.
 
     python3 dev/stream_overlap_probe.py
 
-On an H200 (2026-12-01) the side stream shortened this backward from 8.1 to
-7.35 ms; inside the whole step it did not (benches/README.md).
+On an H200 (2026-12-01): serially 8.09 and 8.31 ms, both families on the side
+stream 8.21 ms, the products there without the bias sums 7.35 ms against
+7.55 ms for the two families alone back to back (benches/README.md).
 """
 
 import torch
@@ -67,39 +68,34 @@ side = torch.cuda.Stream()
 keep = []
 
 
-def backward(overlap: bool, bias_side: bool = True):
+def weight_gradient(grad, x, dw, db, where: str) -> None:
+    """``dw = grad^T x`` and ``db = sum(grad)``: "main" both serially, "side" both on the
+    side stream, "side, no bias" the product on the side stream and no bias sum."""
+    if where == "main":
+        torch.mm(grad.t(), x, out=dw)
+        torch.sum(grad, 0, dtype=torch.float32, out=db)
+        return
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream())
+    side.wait_event(event)
+    with torch.cuda.stream(side):
+        torch.mm(grad.t(), x, out=dw)
+        if where == "side":
+            torch.sum(grad, 0, dtype=torch.float32, out=db)
+
+
+def backward(where: str):
     keep.clear()
-    main = torch.cuda.current_stream()
     for p in layers:
         dy = p["dy"]
-        if overlap:
-            e = torch.cuda.Event()
-            e.record(main)
-            side.wait_event(e)
-            with torch.cuda.stream(side):
-                torch.mm(dy.t(), p["h"], out=p["dW2"])
-                if bias_side:
-                    torch.sum(dy, 0, dtype=torch.float32, out=p["db2"])
-        else:
-            torch.mm(dy.t(), p["h"], out=p["dW2"])
-            torch.sum(dy, 0, dtype=torch.float32, out=p["db2"])
+        weight_gradient(dy, p["h"], p["dW2"], p["db2"], where)
         dh = dy @ p["W2"]
         dpre = gelu_bwd(dh, p["pre"])
-        if overlap:
-            e = torch.cuda.Event()
-            e.record(main)
-            side.wait_event(e)
-            with torch.cuda.stream(side):
-                torch.mm(dpre.t(), p["x2"], out=p["dW1"])
-                if bias_side:
-                    torch.sum(dpre, 0, dtype=torch.float32, out=p["db1"])
-        else:
-            torch.mm(dpre.t(), p["x2"], out=p["dW1"])
-            torch.sum(dpre, 0, dtype=torch.float32, out=p["db1"])
+        weight_gradient(dpre, p["x2"], p["dW1"], p["db1"], where)
         dx1 = dpre @ p["W1"]
         keep.append((dh, dpre, ln_bwd(p["x2"], dx1, p["w"], dy)))
-    if overlap:
-        main.wait_stream(side)
+    if where != "main":
+        torch.cuda.current_stream().wait_stream(side)
 
 
 def parts():
@@ -133,20 +129,20 @@ def graphed(fn):
 
 results = {}
 for name, fn in [
-    ("serial", lambda: backward(False)),
-    ("dW + bias sums on a side stream", lambda: backward(True)),
-    ("dW only on a side stream", lambda: backward(True, bias_side=False)),
-    ("serial again", lambda: backward(False)),
+    ("serial", lambda: backward("main")),
+    ("dW + bias sums on a side stream", lambda: backward("side")),
+    ("dW on a side stream, no bias sums", lambda: backward("side, no bias")),
+    ("serial again", lambda: backward("main")),
     ("chain alone", parts()[0]),
     ("dW products alone", parts()[1]),
 ]:
     results[name] = graphed(fn)
     print(f"{name:40s} {results[name]:8.3f} ms", flush=True)
 # The overlapped graph must compute what the serial one does.
-backward(False)
+backward("main")
 torch.cuda.synchronize()
 ref = [p["dW1"].clone() for p in layers] + [p["db1"].clone() for p in layers]
-backward(True)
+backward("side")
 torch.cuda.synchronize()
 got = [p["dW1"] for p in layers] + [p["db1"] for p in layers]
 print(

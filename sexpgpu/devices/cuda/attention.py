@@ -31,7 +31,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKENDS", "AttentionAux", "sdpa_backward", "sdpa_forward", "select_sdpa_backend"]
+__all__ = [
+    "BACKENDS",
+    "AttentionAux",
+    "sdpa_backward",
+    "sdpa_backward_parts",
+    "sdpa_forward",
+    "select_sdpa_backend",
+]
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +170,24 @@ def sdpa_backward(
     `aux` is the matching forward's; without it the forward runs first
     (on `backend`) to make one.
     """
+    return torch.stack(sdpa_backward_parts(g, q, k, v, causal, scale, aux, backend))
+
+
+def sdpa_backward_parts(
+    g: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    aux: AttentionAux | None,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` as the kernel wrote them (`sdpa_backward` unstacked).
+
+    The fused kernels give each gradient its operand's strides, so the
+    projections' layout comes back and reshaping to it copies nothing.
+    """
     if aux is None:
         _, aux = sdpa_forward(q, k, v, causal, scale, backend)
     q4, k4, v4, g4 = _four_d(q), _four_d(k), _four_d(v), _four_d(g)
@@ -170,12 +195,12 @@ def sdpa_backward(
         try:
             padded = (_padded(x, aux.backend) for x in (g4, q4, k4, v4))
             grads = _BACKWARD[aux.backend](*padded, aux, causal, scale)
-            return torch.stack([_cut(x, q) for x in grads])
+            return tuple(_cut(x, q) for x in grads)
         except _REFUSALS as error:
             log.warning("attention backward: %s refused (%s); using math", aux.backend, error)
             aux = AttentionAux("math", *_math_forward(q4, k4, v4, causal, scale))
     grads = _math_backward(g4, q4, k4, v4, aux, causal, scale)
-    return torch.stack([x.reshape(q.shape) for x in grads])
+    return tuple(x.reshape(q.shape) for x in grads)
 
 
 # ---------------------------------------------------------------- fused kernels

@@ -11,6 +11,10 @@ The plan, made when the graph is built:
   log-sum-exp) in a stash keyed by the forward's position, and the gradient
   takes it from there (then the stash entry is dropped) instead of
   computing it again;
+* attention's gradient is kept as its three parts (`_Pieces`) while its
+  readers take one part at a time (the VJP's slices, through transposes),
+  so each part stays in the layout the kernel wrote, its operand's, and
+  the products read it without a copy; any other reader gets the stack;
 * `planned_peak_bytes` is the schedule's largest live set, computed without
   running from torch element sizes (bf16 = 2 bytes): constants always,
   fed leaves from their first to their last use, views sharing their
@@ -31,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
+from sexpgpu.devices.cuda.attention import sdpa_backward_parts, sdpa_forward, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import (
     KERNELS,
     LOWERINGS,
@@ -205,7 +209,7 @@ class TorchGraph:
                     after_step(i)
                 for j in step.frees:
                     values[j] = None
-        return {name: values[i] for name, i in self._outputs.items()}
+            return {name: _whole(values[i]) for name, i in self._outputs.items()}
 
     def _compute(self, i, step, values, feeds, stash, waiting) -> torch.Tensor:
         node = step.node
@@ -213,6 +217,12 @@ class TorchGraph:
             return _feed(node, feeds, self.device)
         if node.op in _MADE_ONCE:
             return self._constants[i]
+        if len(step.args) == 1 and isinstance(values[step.args[0]], _Pieces):
+            piece = values[step.args[0]].read_by(node)
+            if piece is not None:
+                return piece
+        for j in step.args:  # a reader that takes more than one part: stacked once
+            values[j] = _whole(values[j])
         args = [values[j] for j in step.args]
         aux = None
         if step.forward is not None:
@@ -225,7 +235,9 @@ class TorchGraph:
             self._used[i] = (aux.backend, aux.fallback)
         elif node.op is Op.ATTENTION_GRAD:
             q, k, v, g = args
-            out = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=self._backends[i])
+            backend = self._backends[i]
+            parts = sdpa_backward_parts(g, q, k, v, **node.attrs, aux=aux, backend=backend)
+            out = _Pieces(parts, 0)
         elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
             out, aux = cross_entropy_and_lse(node, *args)
         elif node.op is Op.CROSS_ENTROPY_GRAD:  # aux: the forward's log-sum-exp, if kept
@@ -281,6 +293,38 @@ class TorchGraph:
         for label, entry in info["ops"].items():
             lines.append(f"lowering: {label} x{entry['count']} -> {entry['kernel']}")
         return lines
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """``torch.stack(parts, axis)``, kept as its parts for readers that take one part."""
+
+    parts: tuple[torch.Tensor, ...]
+    axis: int
+
+    @property
+    def shape(self) -> torch.Size:
+        first = self.parts[0].shape
+        return torch.Size((*first[: self.axis], len(self.parts), *first[self.axis :]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    def read_by(self, node: Node) -> _Pieces | torch.Tensor | None:
+        """`node`'s value on this one, without stacking; None where it needs the stack."""
+        if node.op is Op.SLICE and node.attrs["axis"] % len(self.shape) == self.axis:
+            start, stop = node.attrs["start"], node.attrs["stop"]
+            return self.parts[start].unsqueeze(self.axis) if stop - start == 1 else None
+        if node.op is Op.TRANSPOSE:
+            axes = node.attrs["axes"]
+            rest = [a - (a > self.axis) for a in axes if a != self.axis]
+            return _Pieces(tuple(p.permute(rest) for p in self.parts), axes.index(self.axis))
+        return None
+
+
+def _whole(value: Any) -> Any:
+    return torch.stack(value.parts, value.axis) if isinstance(value, _Pieces) else value
 
 
 def _kernel(op: Op, backends: list[str]) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -65,6 +66,7 @@ _ID_OPERANDS = {Op.TAKE: 0, Op.CROSS_ENTROPY: -1, Op.CROSS_ENTROPY_GRAD: -1}
 # Ops that move ids without changing which values occur.
 _SAME_VALUES = (Op.RESHAPE, Op.TRANSPOSE, Op.BROADCAST_TO)
 _MADE_ONCE = (Op.CONSTANT, Op.IOTA)
+_WRITE_BACK = re.compile(r"copy_(_\d+)?")
 
 
 # Ranks load in their own threads; tracing and Inductor's compile go one at a time.
@@ -226,7 +228,7 @@ class FusedGraph:
         """
         options = _provenance()
         if self._pool is not None:
-            try:  # on a copy: the split takes the sums out of its graph
+            try:  # on a copy: the split rewrites its graph
                 parted = self._compile_parts(copy.deepcopy(gm), options)
             except Exception as error:  # a part Inductor or the split refuses: whole, then
                 log.warning("the step compiles whole (its parts failed: %s)", error)
@@ -242,10 +244,9 @@ class FusedGraph:
         """The step split into parts, compiled by the pool's workers and loaded here, or None."""
         from torch._dynamo.utils import counters
 
-        parted = split(gm, self._pool.size)
-        if parted is None:
+        parent = split(gm, self._pool.size)
+        if parent is None:
             return None
-        parent, sums = parted
         parts = dict(parent.named_children())
         device, matmul_settings = str(self.device), settings()
         # Both sides compile the part as unpacked from the same bytes (its tensors come
@@ -275,7 +276,7 @@ class FusedGraph:
         self.kernels = [k for i in range(len(names)) for k in by_part[i]]
         self.parts = len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
-        return PartedCall(parent, compiled, sums)
+        return PartedCall(parent, compiled)
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
         """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.
@@ -307,6 +308,9 @@ class FusedGraph:
             for kernel, posts in value.items():
                 positions, sums = set(), False
                 for post in posts:
+                    # AOTAutograd's write-backs into the graph's operands come from
+                    # no node of ours: the only operands a step writes are its sums.
+                    sums |= post not in post_to_pre and _WRITE_BACK.fullmatch(post) is not None
                     for pre in post_to_pre.get(post, [post]):
                         head = pre.split("__", 1)[0]
                         sums |= head == "sums"

@@ -11,13 +11,11 @@ imports overlap the trace) and stop once the plan is made.
 
 A cut costs the fusions across it: the values that cross are materialized
 (most are anyway: activations kept for the backward, gradients), so the
-parts are few and cut between IR nodes. The sums into the step's buffers
-are taken out of the parts and done after them, in two multi-tensor
-kernels (a part's writes into its operands would come back with the
-value's strides), so the accumulation no longer fuses into the backward's
-last kernels: the price of the split, a pass over the gradients. A worker
-that fails or is missing leaves its part to this process: slower, never
-different.
+parts are few and cut between IR nodes. Each sum into the step's buffers
+goes into the part that makes its value, so it fuses into the kernel that
+makes it there as in the whole step (a bf16 gradient's cast to f32 writes
+the buffer). A worker that fails or is missing leaves its part to this
+process: slower, never different.
 """
 
 from __future__ import annotations
@@ -33,12 +31,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sexpgpu.devices.cuda.compile_worker import receive, send
 
-__all__ = ["CompilePool", "PartedCall", "Sum", "compile_workers", "split"]
+__all__ = ["CompilePool", "PartedCall", "compile_workers", "split"]
 
 log = logging.getLogger(__name__)
 
@@ -156,41 +153,28 @@ class CompilePool:
         self._procs = []
 
 
-@dataclass(frozen=True)
-class Sum:
-    """A sum into a step buffer taken out of the graph: ``flat[buffer]`` gets output ``value``."""
+def _sums_in_layout(gm: Any) -> list[Any]:
+    """The sums into the step's buffers (``sums__`` copies and adds into operands), each
+    reading its value in its buffer's layout (`_in_layout_of`).
 
-    kind: str  # "copy" (a step of one call writes) or "add"
-    buffer: int  # the buffer's position among the graph's operands
-    value: int  # the value's position among the graph's outputs
-
-
-def _hoist_sums(gm: Any) -> list[Sum]:
-    """Take the sums into the step's buffers out of the graph; their values become outputs.
-
-    A part that wrote into an operand would have it changed in place by
-    AOTAutograd's wrappers, strides included (a transposed gradient came back
-    with the transposed strides); `PartedCall` writes them all itself.
+    A part that writes into an operand has it changed in place by
+    AOTAutograd's wrappers, strides included: a value of other strides (a
+    transposed gradient) would leave its buffer with them.
     """
     import torch
 
-    kinds = {torch.ops.aten.copy_.default: "copy", torch.ops.aten.add_.Tensor: "add"}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    values = list(output.args[0])
-    sums = []
-    for node in list(gm.graph.nodes):
-        if (
-            node.name.startswith("sums__")
-            and node.target in kinds
-            and node.args[0] in placeholders
-            and not node.users
-            and not node.kwargs
-        ):
-            sums.append(Sum(kinds[node.target], placeholders.index(node.args[0]), len(values)))
-            values.append(_in_layout_of(gm.graph, node.args[1], node.args[0]))
-            gm.graph.erase_node(node)
-    output.args = (tuple(values),)
+    kinds = (torch.ops.aten.copy_.default, torch.ops.aten.add_.Tensor)
+    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    sums = [
+        n
+        for n in gm.graph.nodes
+        if n.name.startswith("sums__")
+        and n.target in kinds
+        and n.args[0] in placeholders
+        and not n.kwargs
+    ]
+    for node in sums:
+        node.args = (node.args[0], _in_layout_of(gm.graph, node.args[1], node.args[0]))
     gm.recompile()
     return sums
 
@@ -217,13 +201,13 @@ def _in_layout_of(graph: Any, value: Any, buffer: Any) -> Any:
     return copy
 
 
-def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
-    """``gm`` cut into `parts` contiguous parts (``torch.fx`` split_module), or None.
+def split(gm: Any, parts: int) -> Any | None:
+    """``gm`` cut into `parts` parts (``torch.fx`` split_module), or None.
 
-    Calls are dealt out in graph order, equal counts per part, after the sums
-    into the step's buffers are taken out (`_hoist_sums`); an output of a
-    call of several is taken in that call's part (only tensors cross). None where the
-    graph is too small to split.
+    The calls are dealt out in graph order, equal counts per part. Each sum
+    into the step's buffers goes to its value's part (`_sums_in_layout`), and
+    an output of a call of several to that call's part (only tensors cross).
+    None where the graph is too small to split.
     """
     from torch.fx.passes.split_module import split_module
 
@@ -231,12 +215,18 @@ def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
     parts = min(parts, len(calls) // MIN_PART_NODES)
     if parts < 2:
         return None
-    sums = _hoist_sums(gm)
+    sums = _sums_in_layout(gm)
+    summing = {*sums, *(s.args[1] for s in sums if s.args[1].name.startswith("sums__"))}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-    part_of = {node: i * parts // len(calls) for i, node in enumerate(calls)}
+    dealt = [n for n in calls if n not in summing]
+    part_of = {node: i * parts // len(dealt) for i, node in enumerate(dealt)}
     for node in calls:  # a call of several outputs (attention's) is read in its own part
         if node.target is operator.getitem and node.args[0] in part_of:
             part_of[node] = part_of[node.args[0]]
+    for node in calls:  # in graph order: a layout copy before the sum that reads it
+        if node in summing:
+            value = node.args[1] if node in sums else node.args[0]
+            part_of[node] = part_of.get(value, parts - 1)  # a fed value: the last part
     for node in calls:
         node.meta["sexpgpu_name"] = node.name
     parent = split_module(gm, gm, lambda node: part_of[node], keep_original_order=True)
@@ -246,16 +236,14 @@ def split(gm: Any, parts: int) -> tuple[Any, list[Sum]] | None:
             if node.op == "call_function" and "sexpgpu_name" in node.meta:
                 node._rename(node.meta["sexpgpu_name"])
         part.recompile()
-    return parent, sums
+    return parent
 
 
 class PartedCall:
-    """The split step: its compiled parts called in order, each value freed after its last use,
-    then the sums into the step's buffers (one multi-tensor kernel each for copies and adds)."""
+    """The split step: its compiled parts called in order, each value freed after its last use."""
 
-    def __init__(self, parent: Any, compiled: dict[str, Callable], sums: list[Sum]) -> None:
+    def __init__(self, parent: Any, compiled: dict[str, Callable]) -> None:
         self.compiled = compiled
-        self.sums = sums
         self._parent = parent  # its constants (get_attr)
         self._nodes = list(parent.graph.nodes)
         last: dict[Any, int] = {}
@@ -267,16 +255,6 @@ class PartedCall:
             self._free[i].append(node)
 
     def __call__(self, *flat: Any) -> Any:
-        import torch
-
-        out = self._run(flat)
-        for kind, apply in (("copy", torch._foreach_copy_), ("add", torch._foreach_add_)):
-            chosen = [s for s in self.sums if s.kind == kind]
-            if chosen:
-                apply([flat[s.buffer] for s in chosen], [out[s.value] for s in chosen])
-        return tuple(out[: len(out) - len(self.sums)])
-
-    def _run(self, flat: Sequence[Any]) -> Any:
         env: dict[Any, Any] = {}
         args = iter(flat)
         for i, node in enumerate(self._nodes):

@@ -346,3 +346,30 @@ def test_a_transposed_sum_reaches_its_buffer_in_the_buffers_layout():
     gm(buffer, x, w)
     assert buffer.stride() == (3, 1)
     torch.testing.assert_close(buffer, (x.t() @ w).t())
+
+
+def test_the_split_cuts_only_between_ir_nodes(monkeypatch):
+    """Equal counts of calls per part would cut inside a node's calls; each cut moves on."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from sexpgpu.devices.cuda import parallel_compile
+
+    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 2)
+
+    def step(x):
+        for _ in range(5):  # five "IR nodes" of three calls each
+            x = torch.tanh(x * 2 + 1)
+        return (x,)
+
+    gm = make_fx(step)(torch.randn(3))
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for i, node in enumerate(calls):
+        node._rename(f"ir{i // 3}__{node.name}")
+    parent = parallel_compile.split(gm, 2)  # an equal count would cut after call 7 of 15
+    made_by = [
+        {n.name.split("__")[0] for n in part.graph.nodes if n.op == "call_function"}
+        for part in parent.children()
+    ]
+    assert made_by == [{"ir0", "ir1", "ir2"}, {"ir3", "ir4"}]
+    x = torch.randn(3)
+    torch.testing.assert_close(parent(x)[0], step(x)[0])

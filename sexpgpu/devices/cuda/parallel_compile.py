@@ -204,7 +204,10 @@ def _in_layout_of(graph: Any, value: Any, buffer: Any) -> Any:
 def split(gm: Any, parts: int) -> Any | None:
     """``gm`` cut into `parts` parts (``torch.fx`` split_module), or None.
 
-    The calls are dealt out in graph order, equal counts per part. Each sum
+    The calls are dealt out in graph order, equal counts per part, each cut
+    moved on to the next IR node's first call: inside one node's calls (a
+    layernorm gradient's statistics and its backward, say) a cut would
+    materialize what Inductor fuses. Each sum
     into the step's buffers goes to its value's part (`_sums_in_layout`), and
     an output of a call of several to that call's part (only tensors cross).
     None where the graph is too small to split.
@@ -219,7 +222,12 @@ def split(gm: Any, parts: int) -> Any | None:
     summing = {*sums, *(s.args[1] for s in sums if s.args[1].name.startswith("sums__"))}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     dealt = [n for n in calls if n not in summing]
-    part_of = {node: i * parts // len(dealt) for i, node in enumerate(dealt)}
+    part_of, previous = {}, None
+    for i, node in enumerate(dealt):  # a cut only between IR nodes, never inside one's calls
+        made_by = node.name.split("__", 1)[0]  # "ir<position>", after the node that made it
+        same = previous is not None and made_by == previous[0]
+        part_of[node] = previous[1] if same else i * parts // len(dealt)
+        previous = (made_by, part_of[node])
     for node in calls:  # a call of several outputs (attention's) is read in its own part
         if node.target is operator.getitem and node.args[0] in part_of:
             part_of[node] = part_of[node.args[0]]

@@ -154,8 +154,8 @@ class CompilePool:
 
 
 def _sums_in_layout(gm: Any) -> list[Any]:
-    """The sums into the step's buffers (``sums__`` copies and adds into operands), each
-    reading its value in its buffer's layout (`_in_layout_of`).
+    """The sums into the step's buffers (``sums__`` copies and adds into operands),
+    each made to read its value in its buffer's layout (`_in_layout_of`).
 
     A part that writes into an operand has it changed in place by
     AOTAutograd's wrappers, strides included: a value of other strides (a
@@ -207,10 +207,10 @@ def split(gm: Any, parts: int) -> Any | None:
     The calls are dealt out in graph order, equal counts per part, each cut
     moved on to the next IR node's first call: inside one node's calls (a
     layernorm gradient's statistics and its backward, say) a cut would
-    materialize what Inductor fuses. Each sum
-    into the step's buffers goes to its value's part (`_sums_in_layout`), and
-    an output of a call of several to that call's part (only tensors cross).
-    None where the graph is too small to split.
+    materialize what Inductor fuses. Each sum into the step's buffers goes
+    to its value's part (`_sums_in_layout`), and an output of a call of
+    several to that call's part (only tensors cross). None where the graph
+    is too small to split.
     """
     from torch.fx.passes.split_module import split_module
 

@@ -35,7 +35,6 @@ __all__ = [
     "BACKENDS",
     "AttentionAux",
     "sdpa_backward",
-    "sdpa_backward_parts",
     "sdpa_forward",
     "select_sdpa_backend",
 ]
@@ -164,29 +163,14 @@ def sdpa_backward(
     scale: float,
     aux: AttentionAux | None,
     backend: str,
-) -> torch.Tensor:
-    """``[dq, dk, dv]`` stacked on a new first axis, as the IR's ``attention-grad``.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)``, as the kernel wrote them; the IR's ``attention-grad``
+    stacks them on a new first axis.
 
     `aux` is the matching forward's; without it the forward runs first
-    (on `backend`) to make one.
-    """
-    return torch.stack(sdpa_backward_parts(g, q, k, v, causal, scale, aux, backend))
-
-
-def sdpa_backward_parts(
-    g: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float,
-    aux: AttentionAux | None,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)`` as the kernel wrote them (`sdpa_backward` unstacked).
-
-    The fused kernels give each gradient its operand's strides, so the
-    projections' layout comes back and reshaping to it copies nothing.
+    (on `backend`) to make one. The fused kernels give each gradient its
+    operand's strides, so the projections' layout comes back and reshaping
+    to it copies nothing.
     """
     if aux is None:
         _, aux = sdpa_forward(q, k, v, causal, scale, backend)

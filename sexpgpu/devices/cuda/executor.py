@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.devices.cuda.attention import sdpa_backward_parts, sdpa_forward, select_sdpa_backend
+from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import (
     KERNELS,
     LOWERINGS,
@@ -236,7 +236,7 @@ class TorchGraph:
         elif node.op is Op.ATTENTION_GRAD:
             q, k, v, g = args
             backend = self._backends[i]
-            parts = sdpa_backward_parts(g, q, k, v, **node.attrs, aux=aux, backend=backend)
+            parts = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=backend)
             out = _Pieces(parts, 0)
         elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
             out, aux = cross_entropy_and_lse(node, *args)

@@ -31,13 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "BACKENDS",
-    "AttentionAux",
-    "sdpa_backward",
-    "sdpa_forward",
-    "select_sdpa_backend",
-]
+__all__ = ["BACKENDS", "AttentionAux", "sdpa_backward", "sdpa_forward", "select_sdpa_backend"]
 
 log = logging.getLogger(__name__)
 

@@ -222,12 +222,11 @@ def split(gm: Any, parts: int) -> Any | None:
     summing = {*sums, *(s.args[1] for s in sums if s.args[1].name.startswith("sums__"))}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     dealt = [n for n in calls if n not in summing]
-    part_of, previous = {}, None
+    part_of, made_by = {}, None
     for i, node in enumerate(dealt):  # a cut only between IR nodes, never inside one's calls
-        made_by = node.name.split("__", 1)[0]  # "ir<position>", after the node that made it
-        same = previous is not None and made_by == previous[0]
-        part_of[node] = previous[1] if same else i * parts // len(dealt)
-        previous = (made_by, part_of[node])
+        head = node.name.split("__", 1)[0]  # "ir<position>", after the node that made it
+        part_of[node] = part_of[dealt[i - 1]] if head == made_by else i * parts // len(dealt)
+        made_by = head
     for node in calls:  # a call of several outputs (attention's) is read in its own part
         if node.target is operator.getitem and node.args[0] in part_of:
             part_of[node] = part_of[node.args[0]]

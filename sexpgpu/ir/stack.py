@@ -28,13 +28,15 @@ Each op has a rule (`_RULES`), chosen by which operands are batched:
   exact, and each take keeps its id check (E-DATA-006).
 
 Summing the outputs: where an output is the only use of a node linear in
-its batched operands (add, sub, neg, transpose, reshape, sum, matmul,
-scatter-add), the sum over the microbatches moves into the operands
-(`_TOTALS`): a weight's gradient ``x^T g`` becomes one product over all
-microbatches' rows, ``[m k*n]`` by ``[k*n p]``, and an embedding's gradient
-one scatter-add of every microbatch's ids into one table, so neither `k`
+its batched operands (add, sub, neg, a product or quotient by a shared
+value, transpose, reshape, sum, matmul, scatter-add, a float-to-float
+cast), the sum over the microbatches moves into the operands (`_TOTALS`):
+a weight's gradient ``x^T g`` becomes one product over all microbatches'
+rows, ``[m k*n]`` by ``[k*n p]``, a bias's one sum, and an embedding's one
+scatter-add of every microbatch's ids into one table, so neither `k`
 per-microbatch gradients nor ``[k*rows ..]`` tables are made. The sums are
-the same, added in another order.
+the same, added in another order; through a cast (a bf16 product's f32
+gradient) they are rounded once, as one batch of all the rows would be.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sexpgpu.ir import builder as b
-from sexpgpu.ir.dtypes import DType
+from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.ops import BINARY, LEAF, UNARY, Op
 from sexpgpu.ir.passes import optimize
@@ -352,6 +354,15 @@ def _linear_total(s: _Stacker, node: Node) -> Node:
     return s.emit(node, *(s.total(x) for x in node.inputs))
 
 
+@_total(Op.MUL, Op.DIV)
+def _scaled_total(s: _Stacker, node: Node) -> Node | None:
+    # sum(a_i * c) = sum(a_i) * c for a shared c (a mean's 1/n); a_i / c likewise.
+    batched = [s.batched(x) for x in node.inputs]
+    if sum(batched) != 1 or (node.op is Op.DIV and not batched[0]):
+        return None  # a product of two batched values, or c / a_i, is not linear
+    return s.emit(node, *(s.total(x) if t else x for x, t in zip(node.inputs, batched)))
+
+
 @_total(Op.SUM)
 def _sum_total(s: _Stacker, node: Node) -> Node:
     # One reduction over the batch axis and the node's axes (bias gradients).
@@ -359,6 +370,15 @@ def _sum_total(s: _Stacker, node: Node) -> Node:
     axes, keep = (0, *_shifted(node.attrs["axes"])), node.attrs["keepdims"]
     summed = b.sum(x, axes=axes, keepdims=keep, span=node.span)
     return b.reshape(summed, node.shape, span=node.span) if keep else summed
+
+
+@_total(Op.CAST)
+def _cast_total(s: _Stacker, node: Node) -> Node | None:
+    # Float to float: the microbatches summed before the cast, as one batch of
+    # all their rows is (a bf16 gradient product or bias sum cast to f32).
+    if node.dtype not in FLOATS or node.inputs[0].dtype not in FLOATS:
+        return None  # a cast to or from integers is not linear
+    return s.emit(node, s.total(node.inputs[0]))
 
 
 @_total(Op.MATMUL)

@@ -339,13 +339,21 @@ def test_a_bool_output_is_refused() -> None:
         stack_microbatches(graph, 2)
 
 
-def test_summed_gradients_are_one_product_and_one_scatter_over_all_microbatches() -> None:
-    graph = _compiled("gpt.lisp", "smoke", GPT_SMALL).train_graph
+@pytest.mark.parametrize("edits", [GPT_SMALL, GPT_SMALL + GPT_BF16], ids=["f32", "bf16"])
+def test_summed_gradients_are_one_product_and_one_scatter_over_all_microbatches(edits) -> None:
+    graph = _compiled("gpt.lisp", "smoke", edits).train_graph
     stacked = stack_microbatches(graph, 3)
-    weight = stacked.outputs["grad/gpt/block.0/linear/weight"]
+
+    def made_by(node: Node) -> Node:  # what an output is, under a cast (bf16's f32 gradients)
+        return node.inputs[0] if node.op is Op.CAST else node
+
+    weight = made_by(stacked.outputs["grad/gpt/block.0/linear/weight"])
     assert weight.op is Op.MATMUL and [x.shape for x in weight.inputs] == [
         (128, 3 * 128),
         (384, 512),
     ]
     tables = [n.shape for n in stacked.nodes() if n.op is Op.SCATTER_ADD]
     assert tables == [graph.params["gpt/wte"].shape, graph.params["gpt/embed/weight"].shape]
+    # Each output is made as the unstacked graph makes it: no sum over the microbatches after.
+    for name, node in graph.outputs.items():
+        assert made_by(stacked.outputs[name]).op is made_by(node).op, name

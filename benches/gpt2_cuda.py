@@ -50,8 +50,8 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
     from sexpgpu.train import prepare_run
     from sexpgpu.train.metrics import read_metrics
 
-    # The step's batch as microbatches of at most 16 rows: stacking chooses how many a call runs.
-    micro = max(1, args.batch // 16)
+    # The step's batch as microbatches of at most `--rows` rows: stacking chooses how many a call runs.
+    micro = max(1, args.batch // args.rows)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gpt.lisp"
         text = GPT.format(**{**vars(args), "batch": args.batch // micro, "microbatches": micro})
@@ -228,6 +228,7 @@ def main() -> None:
         ("steps", 20),
         ("warmup", 5),
         ("timeout", 400),
+        ("rows", 16),  # sexpgpu's microbatch: 16 rows, so batch 32 is two, stacked
     ):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--dtype", default="bf16", choices=["bf16"])
@@ -244,7 +245,7 @@ def main() -> None:
     per_token = flops_per_token(args)
     print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s; {per_token / 1e9:.3f} GFLOP per token")
     common = [f"--{k}={getattr(args, k)}" for k in ("layers", "width", "heads", "seq", "vocab")]
-    common += [f"--steps={args.steps}", f"--warmup={args.warmup}"]
+    common += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--rows={args.rows}"]
     rows = []
     for batch in args.batches:
         for side in args.sides:

@@ -58,7 +58,7 @@ if args.side == "sexpgpu":
     ex = load_experiment_text(text, "gpt.lisp")
     compiled = compile_run(ex, ex.run())
     device = CudaDevice("cuda")
-    device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=1)
+    memory_plan = device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=1)
     prog = device.load(compiled, Device("cuda", 0))
     prog.start(ex.run().optimizer, seed=1, state=None)
     batch = {"tokens": t[:, :-1], "next": t[:, 1:]}
@@ -90,6 +90,9 @@ def clock(fn, reps: int = 10) -> float:
 
 wall = clock(step)
 print(f"step {wall:.1f} ms, {args.batch * 1024 / wall * 1e3:,.0f} tokens/s")
+peak = torch.cuda.max_memory_allocated() / 2**30
+planned = f" (plan {memory_plan.total / 2**30:.2f} GiB)" if args.side == "sexpgpu" else ""
+print(f"peak {peak:.2f} GiB{planned}")
 if args.side == "sexpgpu":
     fused = prog.kernels.fused
     sums = prog.kernels._zeroed()

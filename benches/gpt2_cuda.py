@@ -50,7 +50,7 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
     from sexpgpu.train import prepare_run
     from sexpgpu.train.metrics import read_metrics
 
-    # The step's batch as microbatches of at most `--rows` rows: stacking chooses how many a call runs.
+    # The batch as microbatches of at most `--rows` rows: stacking chooses how many a call runs.
     micro = max(1, args.batch // args.rows)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gpt.lisp"

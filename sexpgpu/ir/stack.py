@@ -360,7 +360,8 @@ def _scaled_total(s: _Stacker, node: Node) -> Node | None:
     batched = [s.batched(x) for x in node.inputs]
     if sum(batched) != 1 or (node.op is Op.DIV and not batched[0]):
         return None  # a product of two batched values, or c / a_i, is not linear
-    return s.emit(node, *(s.total(x) if t else x for x, t in zip(node.inputs, batched)))
+    operands = (s.total(x) if t else x for x, t in zip(node.inputs, batched, strict=True))
+    return s.emit(node, *operands)
 
 
 @_total(Op.SUM)

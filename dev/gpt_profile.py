@@ -32,7 +32,10 @@ from sexpgpu.lang import load_experiment_text
 from sexpgpu.runtime.devices import Device
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--batch", type=int, default=16)
+parser.add_argument("--batch", type=int, default=16, help="rows of one microbatch")
+parser.add_argument(
+    "--microbatches", type=int, default=1, help="a step's (stacking may run them in one call)"
+)
 parser.add_argument("--side", default="sexpgpu")
 parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
 args = parser.parse_args()
@@ -45,7 +48,9 @@ for setting in args.inductor:
     setattr(target, last, ast.literal_eval(value))  # True, 2, "name"
 shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
 rng = np.random.default_rng(0)
-t = rng.integers(0, 256, (args.batch, 1025)).astype(np.int32)
+micro = args.microbatches
+t = rng.integers(0, 256, (args.batch * micro, 1025)).astype(np.int32)
+rows = args.batch * micro
 
 
 class Ctx:
@@ -54,18 +59,20 @@ class Ctx:
 
 
 if args.side == "sexpgpu":
-    text = GPT.format(**shape, batch=args.batch, microbatches=1, steps=10, dtype="bf16")
+    text = GPT.format(**shape, batch=args.batch, microbatches=micro, steps=10, dtype="bf16")
     ex = load_experiment_text(text, "gpt.lisp")
     compiled = compile_run(ex, ex.run())
     device = CudaDevice("cuda")
-    memory_plan = device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=1)
+    memory_plan = device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=micro)
     prog = device.load(compiled, Device("cuda", 0))
     prog.start(ex.run().optimizer, seed=1, state=None)
-    batch = {"tokens": t[:, :-1], "next": t[:, 1:]}
+    parts = [t[i * args.batch : (i + 1) * args.batch] for i in range(micro)]
+    batches = [{"tokens": p[:, :-1], "next": p[:, 1:]} for p in parts]
 
     def step():
-        prog.accumulate(batch)
-        prog.reduce(Ctx(), 1)
+        for batch in batches:
+            prog.accumulate(batch)
+        prog.reduce(Ctx(), micro)
         prog.update(1e-4, 1.0)
 
 else:
@@ -89,7 +96,7 @@ def clock(fn, reps: int = 10) -> float:
 
 
 wall = clock(step)
-print(f"step {wall:.1f} ms, {args.batch * 1024 / wall * 1e3:,.0f} tokens/s")
+print(f"step {wall:.1f} ms, {rows * 1024 / wall * 1e3:,.0f} tokens/s")
 peak = torch.cuda.max_memory_allocated() / 2**30
 planned = f" (plan {memory_plan.total / 2**30:.2f} GiB)" if args.side == "sexpgpu" else ""
 print(f"peak {peak:.2f} GiB{planned}")
@@ -97,9 +104,16 @@ if args.side == "sexpgpu":
     fused = prog.kernels.fused
     sums = prog.kernels._zeroed()
     buffers = {"loss": sums.loss, **{"grad/" + k: g for k, g in sums.grads.items()}}
-    feeds = {**batch, **prog.values}
-    call = clock(lambda: fused(feeds, buffers, zeros=True))
-    prog.accumulate(batch)
+    degree = prog.kernels.degree  # microbatches of one call, stacked on a new leading axis
+    stacked = (
+        batches[0]
+        if degree == 1
+        else {name: np.stack([b[name] for b in batches[:degree]]) for name in batches[0]}
+    )
+    print(f"stacking {degree}")
+    call = clock(lambda: fused({**stacked, **prog.values}, buffers, zeros=True)) * micro / degree
+    for batch in batches:
+        prog.accumulate(batch)
     grads = list(prog._sums.grads.values())
 
     def update_only():

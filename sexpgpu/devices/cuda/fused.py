@@ -50,6 +50,7 @@ from sexpgpu.devices.cuda.compile_worker import (
     warm_up,
 )
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
+from sexpgpu.devices.cuda.fx_rewrites import bias_adds_onto_products
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
 from sexpgpu.ir.node import Graph, Node
@@ -212,6 +213,7 @@ class FusedGraph:
             torch.cuda.empty_cache()
             raise NotFusable(f"the trace ran out of device memory ({error})") from error
         self._name_after_ir(gm)
+        bias_adds_onto_products(gm)  # a stacked graph's linear layers, as one batch's
         traced = time.perf_counter()
         try:
             compiled = self._inductor(gm, flat)

@@ -1,0 +1,68 @@
+"""Rewrites of the traced aten step (`sexpgpu.devices.cuda.fx_rewrites`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from sexpgpu.devices.cuda.fx_rewrites import bias_adds_onto_products
+
+aten = torch.ops.aten
+
+
+def _traced(fn, *args):
+    gm = make_fx(fn)(*args)
+    return gm, fn(*args)
+
+
+def _adds(gm):
+    return [n for n in gm.graph.nodes if n.target is aten.add.Tensor]
+
+
+@pytest.mark.parametrize("bias_first", [False, True])
+@pytest.mark.parametrize("bias_shape", [(6,), (1,), ()])
+def test_a_bias_after_a_folded_product_is_added_to_the_product(bias_first, bias_shape):
+    a, w, bias = torch.randn(2, 8, 4), torch.randn(4, 6), torch.randn(bias_shape)
+
+    def linear_gelu(a, w, bias):
+        y = torch.matmul(a, w)  # traces as view, mm, view back
+        return torch.nn.functional.gelu(bias + y if bias_first else y + bias)
+
+    gm, want = _traced(linear_gelu, a, w, bias)
+    assert bias_adds_onto_products(gm) == 1
+    (add,) = _adds(gm)
+    assert add.args[bias_first].target is aten.mm.default  # on the product, in its order
+    torch.testing.assert_close(gm(a, w, bias), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "other", [torch.randn(2, 8, 6), torch.randn(8, 6), torch.randn(6, dtype=torch.float64)]
+)
+def test_an_add_that_is_no_bias_of_the_product_stays(other):
+    # A residual, a value that broadcasts over more than the last axis, another dtype.
+    a, w = torch.randn(2, 8, 4), torch.randn(4, 6)
+    gm, want = _traced(lambda a, w, o: torch.matmul(a, w) + o, a, w, other)
+    assert bias_adds_onto_products(gm) == 0
+    torch.testing.assert_close(gm(a, w, other), want)
+
+
+def test_a_view_with_another_use_stays():
+    a, w, bias = torch.randn(2, 8, 4), torch.randn(4, 6), torch.randn(6)
+
+    def both(a, w, bias):
+        y = torch.matmul(a, w)
+        return y + bias, y * 2
+
+    gm, _ = _traced(both, a, w, bias)
+    assert bias_adds_onto_products(gm) == 0
+
+
+def test_the_moved_add_keeps_the_ir_nodes_name():
+    a, w, bias = torch.randn(2, 8, 4), torch.randn(4, 6), torch.randn(6)
+    gm, _ = _traced(lambda a, w, bias: torch.matmul(a, w) + bias, a, w, bias)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            node._rename(f"ir7__{node.name}")
+    bias_adds_onto_products(gm)
+    assert all(n.name.startswith("ir7__") for n in gm.graph.nodes if n.op == "call_function")

@@ -1,6 +1,7 @@
 """Where a cuda training step of GPT-2 small spends its time (torch.profiler).
 
-    python3 dev/gpt_profile.py [--batch 16] [--side sexpgpu|reduce-overhead|default|eager]
+    python3 dev/gpt_profile.py [--batch 16] [--microbatches 1]
+                               [--side sexpgpu|reduce-overhead|default|eager]
                                [--inductor KEY=VALUE ...]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
@@ -8,7 +9,9 @@ Triton kernels, other), what is left of the wall time (launch gaps, host),
 and the kernels that took longest. `--side` profiles the peer of
 benches/gpt2_cuda.py (the same model in PyTorch) instead. `--inductor` sets
 Inductor options (``combo_kernels=True``) for both sides' compiles, to try
-them. For sexpgpu it also times the step's parts back to back: the fused
+them. `--batch` is one microbatch's rows; with `--microbatches` above 1
+sexpgpu's device picks the stacking (the peers run all the rows as one
+batch). For sexpgpu it also times the step's parts back to back: the fused
 call (the CUDA graph's replay) alone and the update alone, so the host's
 share of a step shows as what the whole step takes beyond their sum.
 """

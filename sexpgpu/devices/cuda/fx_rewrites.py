@@ -20,6 +20,7 @@ __all__ = ["bias_adds_onto_products"]
 
 _aten = torch.ops.aten
 _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default})
+_PRODUCT = frozenset({_aten.mm.default})
 
 
 def bias_adds_onto_products(gm: fx.GraphModule) -> int:
@@ -36,13 +37,14 @@ def bias_adds_onto_products(gm: fx.GraphModule) -> int:
             continue
         for side in (0, 1):
             view, bias = add.args[side], add.args[1 - side]
-            product = view.args[0] if _is_view(view) else None
-            if not (_is(product, _aten.mm.default) and _is_bias(bias, product, view)):
+            if not (_calls(view, _VIEWS) and len(view.users) == 1):
                 continue
-            operands = [bias, bias]
-            operands[side] = product
+            product = view.args[0]
+            if not (_calls(product, _PRODUCT) and _is_bias(bias, product, view)):
+                continue
+            operands = (product, bias) if side == 0 else (bias, product)
             with graph.inserting_before(add):
-                rows = graph.call_function(_aten.add.Tensor, tuple(operands))
+                rows = graph.call_function(_aten.add.Tensor, operands)
                 back = graph.call_function(view.target, (rows, *view.args[1:]))
             rows.meta["val"] = product.meta["val"]  # the bias changes no shape, stride or dtype
             back.meta = dict(add.meta)
@@ -59,17 +61,8 @@ def bias_adds_onto_products(gm: fx.GraphModule) -> int:
     return moved
 
 
-def _is(node: object, target: object) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is target
-
-
-def _is_view(node: object) -> bool:
-    return (
-        isinstance(node, fx.Node)
-        and node.op == "call_function"
-        and node.target in _VIEWS
-        and len(node.users) == 1
-    )
+def _calls(node: object, targets: frozenset) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
 def _is_bias(bias: object, product: fx.Node, view: fx.Node) -> bool:

@@ -15,13 +15,22 @@ from sexpgpu.ir.node import Node
 __all__ = ["free_lists", "last_uses", "simulate_peak"]
 
 
-def last_uses(order: Sequence[Node], outputs: Iterable[int]) -> list[int]:
-    """Per position: where its value is last used (``-1`` never, ``len(order)`` an output)."""
-    pos = {id(node): i for i, node in enumerate(order)}
+def last_uses(
+    order: Sequence[Node],
+    outputs: Iterable[int],
+    inputs: Sequence[Sequence[int]] | None = None,
+) -> list[int]:
+    """Per position: where its value is last used (``-1`` never, ``len(order)`` an output).
+
+    `inputs` are the positions each step reads, where they are not its node's operands.
+    """
+    if inputs is None:
+        pos = {id(node): i for i, node in enumerate(order)}
+        inputs = [[pos[id(x)] for x in node.inputs] for node in order]
     last = [-1] * len(order)
-    for i, node in enumerate(order):
-        for x in node.inputs:
-            last[pos[id(x)]] = i
+    for i, reads in enumerate(inputs):
+        for k in reads:
+            last[k] = i
     for i in outputs:
         last[i] = len(order)  # outputs outlive the run
     return last

@@ -145,8 +145,46 @@ def test_cross_entropy_gradient_takes_the_forward_log_sum_exp(dtype: str, device
     }
     program = _compare(graph, feeds, device, dtype)
     assert program.report()["stashed"] == 1
+    assert program.report()["with_grad"] == 1  # its weights are fed: one kernel makes both
     alone = Graph.of({"grad": grad}, [logits, ids, g])  # no forward: its own log-sum-exp
     assert _compare(alone, feeds, device, dtype).report()["stashed"] == 0
+
+
+def _mean_loss_graph(dtype: str, weights_from_loss: bool) -> Graph:
+    """A mean cross-entropy and its gradient, its weights made after it (as autodiff does)."""
+    logits = b.input("logits", (3, 4, 37), dtype)
+    ids = b.input("ids", (3, 4), "int32")
+    loss = b.sum(b.cross_entropy(logits, ids), axes=(0, 1))
+    seed = b.constant(1 / 12, "f32")
+    if weights_from_loss:  # weights that need the forward: it cannot make the gradient
+        seed = b.mul(seed, b.exp(b.neg(loss)))
+    weights = b.broadcast_to(b.reshape(seed, (1, 1)), (3, 4))
+    grad = b.cross_entropy_grad(logits, ids, weights)
+    return Graph.of({"loss": loss, "grad": grad}, [logits, ids])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("weights_from_loss", [False, True], ids=["constant", "from-loss"])
+def test_cross_entropy_is_made_with_its_gradient_where_the_weights_can_come_first(
+    dtype: str, device: str, weights_from_loss: bool
+) -> None:
+    graph = _mean_loss_graph(dtype, weights_from_loss)
+    forward = next(n for n in graph.nodes() if n.op is Op.CROSS_ENTROPY)
+    weights = graph.outputs["grad"].inputs[2]
+    assert graph.nodes().index(weights) > graph.nodes().index(forward)  # as written
+    rng = np.random.default_rng(1)
+    feeds = {
+        "logits": rng.normal(size=(3, 4, 37)) * 4,
+        "ids": rng.integers(0, 37, (3, 4)).astype(np.int32),
+    }
+    program = _compare(graph, feeds, device, dtype)
+    assert program.report()["with_grad"] == (0 if weights_from_loss else 1)
+    order = [id(n) for n in program.order]
+    moved = order.index(id(weights)) < order.index(id(forward))
+    assert moved is not weights_from_loss
+    kernel = program.report()["ops"]["cross-entropy"]["kernel"]
+    assert ("xent_with_grad" in kernel) is not weights_from_loss
 
 
 @pytest.mark.parametrize("backend", ["flash-cpu", "math"])

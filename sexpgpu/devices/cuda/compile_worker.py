@@ -178,6 +178,8 @@ def main() -> None:
     import torch
     import torch._inductor.compile_fx  # the imports are most of a start
 
+    import sexpgpu.devices.cuda.xent  # noqa: F401  (the custom op a graph may call)
+
     send(replies, ("ready", torch.__version__))
     while (job := receive(sys.stdin.buffer)) is not None:
         try:

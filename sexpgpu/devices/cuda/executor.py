@@ -11,6 +11,12 @@ The plan, made when the graph is built:
   log-sum-exp) in a stash keyed by the forward's position, and the gradient
   takes it from there (then the stash entry is dropped) instead of
   computing it again;
+* a cross-entropy whose gradient's row weights (``1/rows`` for a mean)
+  can be made before it runs is computed together with that gradient by one
+  kernel (`sexpgpu.devices.cuda.xent`): the weights' nodes, which depend on
+  constants and feeds alone, move ahead of the forward, the gradient is
+  stashed until its own step, and the logits are read in one pass instead of
+  three;
 * attention's gradient is kept as its three parts (`_Pieces`) while its
   readers take one part at a time (the VJP's slices, through transposes),
   so each part stays in the layout the kernel wrote, its operand's, and
@@ -41,6 +47,7 @@ from sexpgpu.devices.cuda.lowering import (
     LOWERINGS,
     cross_entropy_and_lse,
     cross_entropy_grad,
+    cross_entropy_with_grad,
     full_precision,
     torch_dtype,
 )
@@ -53,6 +60,7 @@ from sexpgpu.ir.ops import FED, VIEW, Op
 __all__ = ["TorchGraph", "select_sdpa_backend"]
 
 _MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
+XENT_KERNEL = "the loss and its gradient in one pass (sexpgpu::xent_with_grad: Triton on a GPU)"
 # Gradients that take what their forward stashed, and the forwards' operand counts.
 _PAIRED = {Op.ATTENTION_GRAD: Op.ATTENTION, Op.CROSS_ENTROPY_GRAD: Op.CROSS_ENTROPY}
 _FORWARD_ARITY = {Op.ATTENTION: 3, Op.CROSS_ENTROPY: 2}
@@ -64,6 +72,8 @@ class _Step:
     args: tuple[int, ...]  # schedule positions of the operands
     frees: tuple[int, ...]  # schedule positions dropped after this step
     forward: int | None  # a paired gradient: the stashing forward's position
+    # A cross-entropy made with its gradient, and that gradient: the other's position.
+    made_with: int | None = None
 
 
 class TorchGraph:
@@ -95,7 +105,7 @@ class TorchGraph:
         graph = decompose(graph, keep=LOWERINGS.__contains__)
         self.graph = graph
         self.device = torch.device(device)
-        self.order = graph.nodes()
+        self.order = _weights_before_forwards(graph.nodes())
         self._pos = {id(n): i for i, n in enumerate(self.order)}
         self._outputs = {name: self._pos[id(n)] for name, n in graph.outputs.items()}
         self._backends = {
@@ -119,31 +129,34 @@ class TorchGraph:
 
     def _pairs(self) -> dict[int, int]:
         """Paired gradient's position -> the position of its forward, where the graph has it."""
-        forwards: dict[tuple, int] = {}
-        pairs = {}
-        for i, node in enumerate(self.order):
-            forward = _PAIRED.get(node.op, node.op)
-            if forward not in _FORWARD_ARITY:
-                continue
-            operands = (id(x) for x in node.inputs[: _FORWARD_ARITY[forward]])
-            key = (forward, *operands, repr(sorted(node.attrs.items())))
-            if node.op is forward:
-                forwards.setdefault(key, i)
-            elif key in forwards:
-                pairs[i] = forwards[key]
-        return pairs
+        return _pairs(self.order)
 
     def _plan(self) -> tuple[list[_Step], Counter, list[int]]:
         pairs = self._pairs()
-        last = last_uses(self.order, self._outputs.values())
+        users = Counter(pairs.values())
+        # Cross-entropies made with their (only) gradient: the forward reads the
+        # gradient's row weights, the gradient reads nothing.
+        with_grad = {
+            j: i
+            for j, i in pairs.items()
+            if self.order[j].op is Op.CROSS_ENTROPY_GRAD
+            and users[i] == 1
+            and self._pos[id(self.order[j].inputs[2])] < i
+        }
+        inputs = [tuple(self._pos[id(x)] for x in node.inputs) for node in self.order]
+        for j, i in with_grad.items():
+            inputs[i] += (inputs[j][2],)
+            inputs[j] = ()
+        last = last_uses(self.order, self._outputs.values(), inputs)
         for j, i in pairs.items():
             last[i] = max(last[i], j)  # the stash holds the forward's output until then
         frees = free_lists(last)
+        made_with = {**with_grad, **{i: j for j, i in with_grad.items()}}
         steps = [
-            _Step(node, tuple(self._pos[id(x)] for x in node.inputs), frees[i], pairs.get(i))
+            _Step(node, inputs[i], frees[i], pairs.get(i), made_with.get(i))
             for i, node in enumerate(self.order)
         ]
-        return steps, Counter(pairs.values()), last
+        return steps, users, last
 
     def _peak(self, last: list[int]) -> tuple[int, Node | None]:
         """(peak bytes, node at the peak): buffers added as they appear, dropped after last use."""
@@ -160,13 +173,21 @@ class TorchGraph:
                 always += _made_once_bytes(node)
             else:
                 nbytes[i] = node.size * _itemsize(node.dtype)
-        change: Counter = Counter()  # stashed log-sum-exp: from the forward to its last grad
+        change: Counter = Counter()  # what a forward stashes, until its (last) gradient
         for i in self._stash_users:
+            last_grad = max(j for j, s in enumerate(self.steps) if s.forward == i)
+            if self.steps[i].made_with is not None:  # the gradient itself, made early
+                change[i] += nbytes[last_grad]
+                change[last_grad] -= nbytes[last_grad]
+                continue
             rows = self.order[i].inputs[0]  # q, or the logits
             lse = 4 * (rows.size // max(rows.shape[-1], 1))  # f32, one per row
             change[i] += lse
-            change[max(j for j, s in enumerate(self.steps) if s.forward == i) + 1] -= lse
-        transient = [_temporary_bytes(node) for node in self.order]
+            change[last_grad + 1] -= lse
+        transient = [
+            0 if step.made_with is not None else _temporary_bytes(node)
+            for node, step in zip(self.order, self.steps, strict=True)
+        ]
         return simulate_peak(
             self.order,
             storage,
@@ -238,8 +259,13 @@ class TorchGraph:
             backend = self._backends[i]
             parts = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=backend)
             out = _Pieces(parts, 0)
+        elif node.op is Op.CROSS_ENTROPY and step.made_with is not None:
+            grad = self.order[step.made_with]
+            out, aux = cross_entropy_with_grad(node, grad, *args)
         elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
             out, aux = cross_entropy_and_lse(node, *args)
+        elif node.op is Op.CROSS_ENTROPY_GRAD and step.made_with is not None:
+            out = aux  # made by its forward
         elif node.op is Op.CROSS_ENTROPY_GRAD:  # aux: the forward's log-sum-exp, if kept
             out = cross_entropy_grad(node, *args, aux)
         else:
@@ -268,19 +294,24 @@ class TorchGraph:
         dict
             ``{"device": "cuda:0", "attention": "flash" | ... | None,
             "attention_nodes": {"%12 attention": "flash", ...},
-            "stashed": <gradients taking their forward's log-sum-exp>,
+            "stashed": <gradients taking what their forward stashed>,
+            "with_grad": <cross-entropies made with their gradient>,
             "ops": {"matmul": {"kernel": "torch.matmul (cuBLAS on CUDA)", "count": 12}, ...},
             "planned_peak_bytes": int}``
         """
         counts = Counter(node.op for node in self.order if node.op not in FED)
         backends = sorted(set(self.attention_backends().values()))
+        with_grad = sum(
+            s.node.op is Op.CROSS_ENTROPY and s.made_with is not None for s in self.steps
+        )
         return {
             "device": str(self.device),
             "attention": ", ".join(backends) if backends else None,
             "attention_nodes": self.attention_backends(),
             "stashed": sum(self._stash_users.values()),
+            "with_grad": with_grad,
             "ops": {
-                op.label: {"kernel": _kernel(op, backends), "count": count}
+                op.label: {"kernel": _kernel(op, backends, with_grad), "count": count}
                 for op, count in sorted(counts.items(), key=lambda item: item[0].value)
             },
             "planned_peak_bytes": self.planned_peak_bytes,
@@ -323,13 +354,61 @@ class _Pieces:
         return None
 
 
+def _pairs(order: list[Node]) -> dict[int, int]:
+    """Paired gradient's position -> the position of its forward (same operands and attributes)."""
+    forwards: dict[tuple, int] = {}
+    pairs = {}
+    for i, node in enumerate(order):
+        forward = _PAIRED.get(node.op, node.op)
+        if forward not in _FORWARD_ARITY:
+            continue
+        operands = (id(x) for x in node.inputs[: _FORWARD_ARITY[forward]])
+        key = (forward, *operands, repr(sorted(node.attrs.items())))
+        if node.op is forward:
+            forwards.setdefault(key, i)
+        elif key in forwards:
+            pairs[i] = forwards[key]
+    return pairs
+
+
+def _weights_before_forwards(order: list[Node]) -> list[Node]:
+    """`order` with each cross-entropy gradient's row weights made before its forward.
+
+    The weights (``1/rows`` broadcast, for a mean) come from constants and
+    feeds; the schedule makes them in the backward. Where none of their
+    nodes depends on the forward, those after it move to just before it, in
+    their order, so that one kernel can make the loss and its gradient.
+    """
+    pairs = [(order[i], order[j]) for j, i in _pairs(order).items()]
+    for forward, grad in pairs:
+        if grad.op is not Op.CROSS_ENTROPY_GRAD:
+            continue
+        pos = {id(n): k for k, n in enumerate(order)}
+        i = pos[id(forward)]
+        late: set[int] = set()  # positions after the forward that the weights need
+        stack = [grad.inputs[2]]
+        while stack:
+            k = pos[id(stack.pop())]
+            if k > i and k not in late:
+                late.add(k)
+                stack.extend(order[k].inputs)
+        if any(x is forward for k in late for x in order[k].inputs):
+            continue  # they depend on the forward
+        moved = [order[k] for k in sorted(late)]
+        rest = [n for k, n in enumerate(order[i:], i) if k not in late]
+        order = [*order[:i], *moved, *rest]
+    return order
+
+
 def _whole(value: Any) -> Any:
     return torch.stack(value.parts, value.axis) if isinstance(value, _Pieces) else value
 
 
-def _kernel(op: Op, backends: list[str]) -> str:
+def _kernel(op: Op, backends: list[str], with_grad: int) -> str:
     if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
         return f"{KERNELS[op]} ({', '.join(backends)})"
+    if op in (Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD) and with_grad:
+        return f"{XENT_KERNEL} for {with_grad}; alone, {KERNELS[op]}"
     return KERNELS[op]
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from sexpgpu.devices.cuda import xent  # noqa: F401  (registers torch.ops.sexpgpu.xent_with_grad)
 from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import ConstArray, Node
@@ -337,6 +338,17 @@ def cross_entropy_grad(node: Node, logits: T, targets: T, g: T, lse: T | None = 
     probs.sub_((classes == ids[:, None]).to(probs.dtype))
     probs.mul_(g.reshape(-1, 1).to(probs.dtype))
     return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
+
+
+def cross_entropy_with_grad(node: Node, grad: Node, logits: T, targets: T, g: T) -> tuple[T, T]:
+    """The per-row loss of `node` and its gradient `grad` (``g`` a weight per row), in one pass."""
+    _check_ids(node, targets, logits.shape[-1])
+    flat = logits.reshape(-1, logits.shape[-1])
+    weights = g.reshape(-1)
+    loss, out = torch.ops.sexpgpu.xent_with_grad(
+        flat, targets.reshape(-1), weights, torch_dtype(grad.dtype)
+    )
+    return loss.reshape(targets.shape).to(torch_dtype(node.dtype)), out.reshape(logits.shape)
 
 
 @lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")

@@ -1,0 +1,120 @@
+"""Cross-entropy and its gradient in one pass over the logits: ``sexpgpu::xent_with_grad``.
+
+In a training step the gradient's only other operand, each row's share of
+the loss's gradient (``1/rows`` for a mean), is known before the forward
+runs, so the executor asks for both at once (`sexpgpu.devices.cuda.executor`).
+Separately, the forward reads the ``[rows vocab]`` logits for their
+log-sum-exp (Inductor's reduction reads them twice: maximum, then sum) and
+the gradient reads them again; here one kernel reads each row once, and
+again while it is still in L2, and writes the gradient:
+
+    loss[r] = logsumexp(x[r]) - x[r, t[r]]
+    grad[r] = g[r] * (exp(x[r] - logsumexp(x[r])) - onehot(t[r]))
+
+in f32 whatever the logits' type, the gradient rounded once to `grad_dtype`.
+
+It is a PyTorch custom op, so traces (``make_fx``) and Inductor keep it as
+one call: on a GPU it launches the Triton kernel of `xent_kernel`; on the
+CPU (the fused path's tests) it is the same arithmetic in torch.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any
+
+import torch
+
+__all__ = ["BLOCK", "WARPS", "launch", "xent_with_grad"]
+
+# Logits per load, and warps per row, measured on an H200 at GPT-2's
+# vocabulary (benches/README.md): fewer rows in flight keep each row in L2
+# for its second pass.
+BLOCK = 4096
+WARPS = 16
+
+
+def _rows(logits: torch.Tensor) -> torch.Tensor:
+    flat = logits.reshape(-1, logits.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+@torch.library.custom_op("sexpgpu::xent_with_grad", mutates_args=())
+def xent_with_grad(
+    logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, grad_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the per-row loss, f32 or f64; the gradient, in `grad_dtype`) of 2-D logits."""
+    return _in_torch(logits, ids, g, grad_dtype)
+
+
+@xent_with_grad.register_fake
+def _(logits, ids, g, grad_dtype):
+    loss = logits.new_empty(logits.shape[:1], dtype=_wide(logits.dtype))
+    return loss, logits.new_empty(logits.shape, dtype=grad_dtype)
+
+
+@xent_with_grad.register_kernel("cuda")
+def _(logits, ids, g, grad_dtype):
+    if logits.dtype == torch.float64 or not available(logits.device):
+        return _in_torch(logits, ids, g, grad_dtype)
+    loss = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
+    grad = torch.empty(logits.shape, dtype=grad_dtype, device=logits.device)
+    launch(_rows(logits), ids, g, loss, grad)
+    return loss, grad
+
+
+def _in_torch(logits, ids, g, grad_dtype):
+    """The same arithmetic as the kernel, in torch calls (the CPU, and f64 logits)."""
+    flat = logits.to(_wide(logits.dtype))
+    ids = ids.long()
+    lse = torch.logsumexp(flat, dim=-1)
+    picked = flat.gather(1, ids[:, None])[:, 0]
+    probs = (flat - lse[:, None]).exp_()
+    probs[torch.arange(flat.shape[0], device=flat.device), ids] -= 1
+    probs.mul_(g.to(probs.dtype)[:, None])
+    return lse - picked, probs.to(grad_dtype)
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def available(device: torch.device) -> bool:
+    """Whether `launch` runs on this device: a GPU with Triton, or Triton's interpreter (tests)."""
+    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def launch(
+    logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor
+) -> None:
+    """Run the kernel: `loss` ``[rows]`` f32 and `grad` (contiguous rows) from 2-D `logits`.
+
+    `g` is one value per row and may be a broadcast (stride 0).
+    """
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    assert logits.stride(-1) == 1 and grad.stride(-1) == 1
+    _kernel()[(rows,)](
+        logits, logits.stride(0), ids, g, g.stride(0), loss, grad, grad.stride(0), vocab,
+        BLOCK=min(BLOCK, _power_of_two(vocab)), num_warps=WARPS,
+    )  # fmt: skip
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@cache
+def _kernel() -> Any:
+    """The jitted kernel, imported on first use (Triton reads its interpreter setting then)."""
+    from sexpgpu.devices.cuda.xent_kernel import xent_rows_kernel
+
+    return xent_rows_kernel

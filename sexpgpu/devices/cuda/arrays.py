@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from sexpgpu.devices.arrays import AdamWStep
+from sexpgpu.devices.cuda import adamw
 from sexpgpu.devices.cuda.replay import Replay
 
 __all__ = ["TorchOps"]
@@ -22,6 +24,9 @@ class TorchOps:
         self._scalars: dict[tuple[str, str], torch.Tensor] = {}
         self.events: list[str] = []
         self.replay = Replay(self.device, self.events)
+        # AdamW in one launch on a GPU (`adamw`); PyTorch's multi-tensor kernels on the CPU.
+        self._one_launch = self.device.type == "cuda" and adamw.available(self.device)
+        self._tables = adamw.Tables(evicted=self.replay.forget)
 
     def scalars(self, name: str, **values: float) -> dict[str, Any]:
         # Kept for the run and refilled in place, on the device's stream (no
@@ -82,6 +87,17 @@ class TorchOps:
     ) -> None:
         if not params:
             return
+        # Both kernels read each gradient in its parameter's layout; op by op, a
+        # product's gradient can come out transposed (a tied embedding's).
+        grads = [
+            g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+            for p, g in zip(params, grads, strict=True)
+        ]
+        if self._one_launch and all(p.is_contiguous() for p in params):
+            numbers = {"lr": step.lr, "step": step.step, "grad_scale": step.grad_scale}
+            on_device = {k: self._device_scalar(x) for k, x in numbers.items()}
+            adamw.update(self._tables, params, grads, m, v, replace(step, **on_device))
+            return
         # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all,
         # its step count and learning rate read from the device scalars of `scalars`.
         steps = [step.step] * len(params)
@@ -91,12 +107,6 @@ class TorchOps:
             divisor = torch.reciprocal(step.grad_scale.double()).float()
         elif step.grad_scale is not None:
             divisor = torch.full((), 1.0 / step.grad_scale, device=self.device)
-        # The multi-tensor kernel reads each gradient in its parameter's layout; op
-        # by op, a product's gradient can come out transposed (a tied embedding's).
-        grads = [
-            g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
-            for p, g in zip(params, grads, strict=True)
-        ]
         torch._fused_adamw_(
             list(params),
             grads,
@@ -113,6 +123,12 @@ class TorchOps:
             maximize=False,
             grad_scale=divisor,
         )
+
+    def _device_scalar(self, x: Any) -> torch.Tensor | None:
+        """`x` (a host number, a device scalar or None) as an f32 scalar on the device."""
+        if x is None or isinstance(x, torch.Tensor):
+            return x if x is None else x.float()
+        return torch.full((), float(x), dtype=torch.float32, device=self.device)
 
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:
         truth = torch.from_numpy(np.asarray(target, np.int64)).to(output.device)

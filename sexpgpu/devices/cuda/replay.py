@@ -39,6 +39,10 @@ class Replay:
         self._graph: Any = None
         self._result: Any = None
 
+    def forget(self) -> None:
+        """Drop the capture: what it reads (a launch table, say) may be gone. Keys start over."""
+        self._graph = self._result = self._key = self._seen = None
+
     def __call__(self, key: tuple[Any, ...], queue: Callable[[], Any]) -> Any:
         if self.device.type != "cuda" or self.refused is not None:
             return queue()

@@ -1,0 +1,103 @@
+"""AdamW in one launch (`sexpgpu.devices.cuda.adamw`) against the cpu device's update.
+
+Under Triton's interpreter on the CPU: Triton reads ``TRITON_INTERPRET``
+when it is first imported, so the cases run in a pytest of their own with it
+set (`test_the_kernel_under_the_interpreter`); in this process they skip.
+On a GPU (``-m gpu``) the cuda device's update is checked the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sexpgpu.devices.arrays import NUMPY, AdamWStep
+from sexpgpu.devices.cuda import adamw
+
+pytest.importorskip("triton")
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+HAS_CUDA = torch.cuda.is_available()
+SHAPES = [(3, 50), (7,), (130,), (1,)]  # across blocks of 64, with tails
+
+
+def test_the_kernel_under_the_interpreter():
+    if INTERPRETED:
+        pytest.skip("this is the interpreter's run")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" in run.stdout  # the driver itself skips
+
+
+def _steps(update, device, clip: float | None, wd: float):
+    """Three AdamW steps of SHAPES' parameters through `update`; the arrays on the host."""
+    rng = np.random.default_rng(0)
+    host = [rng.normal(size=s).astype(np.float32) for s in SHAPES]
+    grads = [[rng.normal(size=s).astype(np.float32) for s in SHAPES] for _ in range(3)]
+    state = [host, *([np.zeros(s, np.float32) for s in SHAPES] for _ in range(2))]
+    if device is not None:
+        state = [[torch.from_numpy(a.copy()).to(device) for a in arrays] for arrays in state]
+    for t, gs in enumerate(grads, 1):
+        if device is not None:
+            gs = [torch.from_numpy(g).to(device) for g in gs]
+        lr, step, scale = 1e-2 * t, float(t), clip
+        if device is not None:
+            lr, step = (torch.tensor(x, dtype=torch.float32, device=device) for x in (lr, step))
+            scale = None if clip is None else torch.tensor(clip, device=device)
+        update(state[0], gs, state[1], state[2], AdamWStep(lr, 0.9, 0.95, 1e-8, wd, step, scale))
+    return [[np.asarray(a.cpu() if device is not None else a) for a in arrays] for arrays in state]
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the docstring)")
+@pytest.mark.parametrize("clip", [None, 0.3])
+@pytest.mark.parametrize("wd", [0.0, 0.1])
+def test_one_launch_updates_as_the_cpu_device(monkeypatch, clip, wd):
+    monkeypatch.setattr(adamw, "BLOCK", 64)
+    evictions = []
+    tables = adamw.Tables(evicted=lambda: evictions.append(1), capacity=2)
+    got = _steps(lambda *a: adamw.update(tables, *a), torch.device("cpu"), clip, wd)
+    want = _steps(NUMPY.adamw, None, clip, wd)
+    for ours, theirs in zip(got, want, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+    # Three steps' new gradients: three tables, the oldest dropped (and said).
+    assert len(tables._made) == 2 and evictions == [1]
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the docstring)")
+def test_the_same_arrays_keep_their_table():
+    evictions = []
+    tables = adamw.Tables(evicted=lambda: evictions.append(1), capacity=1)
+    arrays = [[torch.zeros(s) for s in SHAPES] for _ in range(4)]
+    one = torch.ones(())
+    for _ in range(2):
+        adamw.update(tables, *arrays, AdamWStep(one, 0.9, 0.95, 1e-8, 0.0, one, None))
+    assert len(tables._made) == 1 and not evictions
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("clip", [None, 0.3])
+def test_the_cuda_device_updates_in_one_launch_as_the_cpu_device(clip):
+    from sexpgpu.devices.cuda.arrays import TorchOps
+
+    xp = TorchOps(torch.device("cuda"))
+    assert xp._one_launch
+    got = _steps(xp.adamw, torch.device("cuda"), clip, 0.1)
+    want = _steps(NUMPY.adamw, None, clip, 0.1)
+    for ours, theirs in zip(got, want, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)

@@ -28,8 +28,8 @@ import torch
 
 __all__ = ["BLOCK", "available", "update"]
 
-BLOCK = 4096  # elements a program
-WARPS = 8
+BLOCK = 512  # elements a program
+WARPS = 4
 
 
 def available(device: torch.device) -> bool:

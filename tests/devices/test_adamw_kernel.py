@@ -8,38 +8,21 @@ On a GPU (``-m gpu``) the cuda device's update is checked the same way.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
+from triton_interpreted import interpreted_only, run_interpreted
 
 from sexpgpu.devices.arrays import NUMPY, AdamWStep
 from sexpgpu.devices.cuda import adamw
 
 pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available()
 SHAPES = [(3, 50), (7,), (130,), (1,)]  # across blocks of 64, with tails
 
 
 def test_the_kernel_under_the_interpreter():
-    if INTERPRETED:
-        pytest.skip("this is the interpreter's run")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" in run.stdout  # the driver itself skips
+    run_interpreted(__file__)
 
 
 def _steps(update, device, clip: float | None, wd: float):
@@ -61,7 +44,7 @@ def _steps(update, device, clip: float | None, wd: float):
     return [[np.asarray(a.cpu() if device is not None else a) for a in arrays] for arrays in state]
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the docstring)")
+@interpreted_only
 @pytest.mark.parametrize("clip", [None, 0.3])
 @pytest.mark.parametrize("wd", [0.0, 0.1])
 def test_one_launch_updates_as_the_cpu_device(monkeypatch, clip, wd):
@@ -77,7 +60,7 @@ def test_one_launch_updates_as_the_cpu_device(monkeypatch, clip, wd):
     assert len(tables._made) == 2 and evictions == [1]
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the docstring)")
+@interpreted_only
 def test_the_same_arrays_keep_their_table():
     evictions = []
     tables = adamw.Tables(evicted=lambda: evictions.append(1), capacity=1)

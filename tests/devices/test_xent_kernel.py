@@ -8,18 +8,13 @@ On a GPU (``-m gpu``) the compiled kernel is checked at GPT-2's vocabulary.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from triton_interpreted import interpreted_only, run_interpreted
 
 from sexpgpu.devices.cuda import xent
 
 pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 HAS_CUDA = torch.cuda.is_available()
 # (rtol, atol) of the gradient: f32 exactly as torch but for exp's last bits;
 # bf16 one rounding step of the result.
@@ -27,19 +22,7 @@ TOL = {torch.float32: (1e-5, 1e-7), torch.bfloat16: (8e-3, 1e-6)}
 
 
 def test_the_kernel_under_the_interpreter():
-    if INTERPRETED:
-        pytest.skip("this is the interpreter's run")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" in run.stdout  # the driver itself skips
+    run_interpreted(__file__)
 
 
 def _check(logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, grad_dtype) -> None:
@@ -52,7 +35,7 @@ def _check(logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, grad_dtype)
     torch.testing.assert_close(grad.float(), want_grad.float(), rtol=rtol, atol=atol)
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the docstring)")
+@interpreted_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("vocab", [37, 100, 128], ids=lambda v: f"vocab{v}")
 @pytest.mark.parametrize("weights", ["per-row", "broadcast"])
@@ -73,7 +56,7 @@ def test_loss_and_gradient_equal_torch(monkeypatch, dtype, vocab, weights):
     _check(logits, ids, g, dtype)
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="runs under TRITON_INTERPRET=1 (see the docstring)")
+@interpreted_only
 def test_the_op_on_the_cpu_is_the_torch_arithmetic():
     # Outside the interpreter the op's CPU kernel is `_in_torch`; here both must agree.
     logits = torch.randn(4, 50)

@@ -8,15 +8,11 @@ device tests (``tests/tn/test_tn_devices.py -m gpu``).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from tn_helpers import make_stack, run_src
+from triton_interpreted import INTERPRETED, run_interpreted
 
 from sexpgpu.runtime.devices import parse_device
 from sexpgpu.tn import thin
@@ -24,26 +20,13 @@ from sexpgpu.tn.backend import NumpyBackend, TorchBackend
 from sexpgpu.tn.kernels import right_block
 
 pytest.importorskip("triton")
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 TOL = {np.float32: 1e-5, np.float64: 1e-12, np.complex64: 1e-5, np.complex128: 1e-12}
 
 
 def test_the_kernel_under_the_interpreter():
-    if INTERPRETED:
-        pytest.skip("this is the interpreter's run")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-        cwd=Path(__file__).parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout and "skipped" in run.stdout  # the driver itself skips
+    run_interpreted(__file__)
 
 
 @pytest.fixture

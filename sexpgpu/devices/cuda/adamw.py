@@ -17,30 +17,19 @@ serves every step.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["BLOCK", "available", "update"]
+from sexpgpu.devices.cuda.triton_support import kernel
 
-BLOCK = 512  # elements a program
+__all__ = ["BLOCK", "Tables", "update"]
+
+BLOCK = 512  # elements a program: the fastest measured, benches/README.md
 WARPS = 4
-
-
-def available(device: torch.device) -> bool:
-    """Whether `update` runs on this device: a GPU with Triton, or Triton's interpreter (tests)."""
-    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Tables:
@@ -93,16 +82,8 @@ def update(
     assert all(t.is_contiguous() and t.dtype == torch.float32 for ts in arrays for t in ts)
     table = tables(arrays)
     scale = step.grad_scale
-    _kernel()[(table.shape[0],)](
+    kernel("adamw_kernel", "adamw_kernel")[(table.shape[0],)](
         table, step.lr, step.step, scale if scale is not None else step.lr,
         step.beta1, step.beta2, step.eps, step.weight_decay,
         HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=WARPS,
     )  # fmt: skip
-
-
-@cache
-def _kernel() -> Any:
-    """The jitted kernel, imported on first use (Triton reads its interpreter setting then)."""
-    from sexpgpu.devices.cuda.adamw_kernel import adamw_kernel
-
-    return adamw_kernel

@@ -1,9 +1,4 @@
-"""The Triton kernel of `sexpgpu.devices.cuda.adamw` (imported only where Triton is).
-
-A module of its own, with ``triton.language`` among its globals: Triton's
-interpreter (``TRITON_INTERPRET=1``, which CI runs it under) swaps the
-language's functions there.
-"""
+"""The Triton kernel of `sexpgpu.devices.cuda.adamw` (loaded by `triton_support.kernel`)."""
 
 import triton
 import triton.language as tl

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from sexpgpu.devices.arrays import AdamWStep
-from sexpgpu.devices.cuda import adamw
+from sexpgpu.devices.cuda import adamw, triton_support
 from sexpgpu.devices.cuda.replay import Replay
 
 __all__ = ["TorchOps"]
@@ -25,7 +25,7 @@ class TorchOps:
         self.events: list[str] = []
         self.replay = Replay(self.device, self.events)
         # AdamW in one launch on a GPU (`adamw`); PyTorch's multi-tensor kernels on the CPU.
-        self._one_launch = self.device.type == "cuda" and adamw.available(self.device)
+        self._one_launch = self.device.type == "cuda" and triton_support.available(self.device)
         self._tables = adamw.Tables(evicted=self.replay.forget)
 
     def scalars(self, name: str, **values: float) -> dict[str, Any]:

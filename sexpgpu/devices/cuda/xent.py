@@ -22,11 +22,9 @@ CPU (the fused path's tests) it is the same arithmetic in torch.
 
 from __future__ import annotations
 
-import os
-from functools import cache
-from typing import Any
-
 import torch
+
+from sexpgpu.devices.cuda.triton_support import available, kernel
 
 __all__ = ["BLOCK", "WARPS", "launch", "xent_with_grad"]
 
@@ -81,17 +79,6 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def available(device: torch.device) -> bool:
-    """Whether `launch` runs on this device: a GPU with Triton, or Triton's interpreter (tests)."""
-    if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def launch(
     logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor
 ) -> None:
@@ -103,7 +90,7 @@ def launch(
     if rows == 0:
         return
     assert logits.stride(-1) == 1 and grad.stride(-1) == 1
-    _kernel()[(rows,)](
+    kernel("xent_kernel", "xent_rows_kernel")[(rows,)](
         logits, logits.stride(0), ids, g, g.stride(0), loss, grad, grad.stride(0), vocab,
         BLOCK=min(BLOCK, _power_of_two(vocab)), num_warps=WARPS,
     )  # fmt: skip
@@ -111,11 +98,3 @@ def launch(
 
 def _power_of_two(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-@cache
-def _kernel() -> Any:
-    """The jitted kernel, imported on first use (Triton reads its interpreter setting then)."""
-    from sexpgpu.devices.cuda.xent_kernel import xent_rows_kernel
-
-    return xent_rows_kernel

@@ -13,10 +13,9 @@ The plan, made when the graph is built:
   computing it again;
 * a cross-entropy whose gradient's row weights (``1/rows`` for a mean)
   can be made before it runs is computed together with that gradient by one
-  kernel (`sexpgpu.devices.cuda.xent`): the weights' nodes, which depend on
-  constants and feeds alone, move ahead of the forward, the gradient is
-  stashed until its own step, and the logits are read in one pass instead of
-  three;
+  kernel (`sexpgpu.devices.cuda.xent`): the weights' nodes, where none
+  depends on the forward, move ahead of it, and the gradient is stashed
+  until its own step;
 * attention's gradient is kept as its three parts (`_Pieces`) while its
   readers take one part at a time (the VJP's slices, through transposes),
   so each part stays in the layout the kernel wrote, its operand's, and
@@ -60,7 +59,7 @@ from sexpgpu.ir.ops import FED, VIEW, Op
 __all__ = ["TorchGraph", "select_sdpa_backend"]
 
 _MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
-XENT_KERNEL = "the loss and its gradient in one pass (sexpgpu::xent_with_grad: Triton on a GPU)"
+XENT_KERNEL = "the loss and its gradient in one kernel (sexpgpu::xent_with_grad: Triton on a GPU)"
 # Gradients that take what their forward stashed, and the forwards' operand counts.
 _PAIRED = {Op.ATTENTION_GRAD: Op.ATTENTION, Op.CROSS_ENTROPY_GRAD: Op.CROSS_ENTROPY}
 _FORWARD_ARITY = {Op.ATTENTION: 3, Op.CROSS_ENTROPY: 2}

@@ -341,7 +341,7 @@ def cross_entropy_grad(node: Node, logits: T, targets: T, g: T, lse: T | None = 
 
 
 def cross_entropy_with_grad(node: Node, grad: Node, logits: T, targets: T, g: T) -> tuple[T, T]:
-    """The per-row loss of `node` and its gradient `grad` (``g`` a weight per row), in one pass."""
+    """The per-row loss of `node` and its gradient `grad` (``g``: a weight a row), in one kernel."""
     _check_ids(node, targets, logits.shape[-1])
     flat = logits.reshape(-1, logits.shape[-1])
     weights = g.reshape(-1)

@@ -50,14 +50,11 @@ class Tables:
         if table is not None:
             self._made.move_to_end(key)
             return table
-        sizes = np.array([p.numel() for p in params], np.int64)
-        blocks = -(-sizes // BLOCK)
-        which = np.repeat(np.arange(len(params)), blocks)
-        first = np.arange(int(blocks.sum()), dtype=np.int64) - np.repeat(
-            np.cumsum(blocks) - blocks, blocks
-        )
+        starts = [np.arange(0, p.numel(), BLOCK, dtype=np.int64) for p in params]
+        which = np.repeat(np.arange(len(params)), [len(s) for s in starts])
+        sizes = np.array([p.numel() for p in params], np.int64)[which]
         columns = [np.array([t.data_ptr() for t in ts], np.int64)[which] for ts in arrays]
-        rows = np.stack([*columns, first * BLOCK, sizes[which]], axis=1)
+        rows = np.stack([*columns, np.concatenate(starts), sizes], axis=1)
         table = self._made[key] = torch.from_numpy(rows).to(params[0].device)
         if len(self._made) > self._capacity:
             self._made.popitem(last=False)

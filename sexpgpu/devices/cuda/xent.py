@@ -86,15 +86,13 @@ def launch(
 
     `g` is one value per row and may be a broadcast (stride 0).
     """
+    import triton  # where the kernel runs, Triton is
+
     rows, vocab = logits.shape
     if rows == 0:
         return
     assert logits.stride(-1) == 1 and grad.stride(-1) == 1
     kernel("xent_kernel", "xent_rows_kernel")[(rows,)](
         logits, logits.stride(0), ids, g, g.stride(0), loss, grad, grad.stride(0), vocab,
-        BLOCK=min(BLOCK, _power_of_two(vocab)), num_warps=WARPS,
+        BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=WARPS,
     )  # fmt: skip
-
-
-def _power_of_two(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()

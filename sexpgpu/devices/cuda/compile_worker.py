@@ -178,7 +178,9 @@ def main() -> None:
     import torch
     import torch._inductor.compile_fx  # the imports are most of a start
 
-    import sexpgpu.devices.cuda.xent  # noqa: F401  (the custom op a graph may call)
+    # The custom ops a graph may call.
+    import sexpgpu.devices.cuda.gelu_products
+    import sexpgpu.devices.cuda.xent  # noqa: F401
 
     send(replies, ("ready", torch.__version__))
     while (job := receive(sys.stdin.buffer)) is not None:

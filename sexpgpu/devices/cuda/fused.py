@@ -50,7 +50,7 @@ from sexpgpu.devices.cuda.compile_worker import (
     warm_up,
 )
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
-from sexpgpu.devices.cuda.fx_rewrites import bias_adds_onto_products
+from sexpgpu.devices.cuda.fx_rewrites import bias_adds_onto_products, gelu_into_products
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
 from sexpgpu.ir.node import Graph, Node
@@ -214,6 +214,7 @@ class FusedGraph:
             raise NotFusable(f"the trace ran out of device memory ({error})") from error
         self._name_after_ir(gm)
         bias_adds_onto_products(gm)  # a stacked graph's linear layers, as one batch's
+        self.gelu_products = gelu_into_products(gm)  # after: it reads the adds on products
         traced = time.perf_counter()
         try:
             compiled = self._inductor(gm, flat)

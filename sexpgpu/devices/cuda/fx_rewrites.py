@@ -9,18 +9,30 @@ A stacked graph (`sexpgpu.ir.stack`) makes exactly these: every linear layer
 of a microbatch ``[k rows width]``. Adding the bias to the ``mm`` and viewing
 after is the same sum, and the step then has the product-with-bias kernels
 of one unstacked batch.
+
+`gelu_into_products`: a linear layer's gelu and its gradient go into the
+layer's products (`sexpgpu.devices.cuda.gelu_products`), so that on a GPU
+cuBLASLt's epilogues do them as the products write.
 """
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import fx
 
-__all__ = ["bias_adds_onto_products"]
+from sexpgpu.devices.cuda import gelu_products  # noqa: F401  (registers the ops)
+
+__all__ = ["bias_adds_onto_products", "gelu_into_products"]
 
 _aten = torch.ops.aten
 _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default})
 _PRODUCT = frozenset({_aten.mm.default})
+_GELU = frozenset({_aten.gelu.default})
+_GELU_GRAD = frozenset({_aten.gelu_backward.default})
+_SUM = frozenset({_aten.sum.dim_IntList})
+_ADD = frozenset({_aten.add.Tensor})
 
 
 def bias_adds_onto_products(gm: fx.GraphModule) -> int:
@@ -74,3 +86,148 @@ def _is_bias(bias: object, product: fx.Node, view: fx.Node) -> bool:
         return False
     last = p.shape[-1]
     return v.shape[-1] == last and b.dim() <= 1 and b.dtype == p.dtype and b.numel() in (1, last)
+
+
+def gelu_into_products(gm: fx.GraphModule) -> tuple[int, int]:
+    """Give each tanh gelu of a biased product, and each gelu gradient of a product, to the product.
+
+    Forward: ``gelu(mm(x, w) + b)`` (the add as `bias_adds_onto_products`
+    leaves it, maybe viewed) becomes ``sexpgpu::linear_gelu``, whose second
+    result, the gelu's input, replaces the add for its other readers (the
+    backward). Backward: ``gelu_backward(mm(dy, w), h)`` becomes
+    ``sexpgpu::gelu_grad_mm``, and a sum of its result over all axes but the
+    last (the bias's gradient) becomes the op's second result. Returns how
+    many of each moved; new nodes are named after the nodes they replace,
+    so they keep their IR nodes.
+    """
+    graph = gm.graph
+    forward = backward = 0
+    for node in list(graph.nodes):
+        if _calls(node, _GELU) and _tanh(node, 1):
+            forward += _linear_gelu(graph, node)
+        elif _calls(node, _GELU_GRAD) and _tanh(node, 2):
+            backward += _gelu_grad_mm(graph, node)
+    if forward or backward:
+        graph.lint()
+        gm.recompile()
+    return forward, backward
+
+
+def _tanh(node: fx.Node, operands: int) -> bool:
+    default = node.args[operands] if len(node.args) > operands else "none"
+    return node.kwargs.get("approximate", default) == "tanh"
+
+
+def _under_view(node: fx.Node) -> tuple[fx.Node | None, fx.Node]:
+    """(the view, the node it views) where `node` is a view, else (None, `node`)."""
+    return (node, node.args[0]) if _calls(node, _VIEWS) else (None, node)
+
+
+def _val(node: fx.Node) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _product(node: fx.Node) -> bool:
+    """Whether `node` is a 2-D ``mm`` read once, with operands of its dtype."""
+    if not (_calls(node, _PRODUCT) and len(node.users) == 1):
+        return False
+    vals = [_val(node), *(_val(a) for a in node.args)]
+    return all(v is not None for v in vals) and len({v.dtype for v in vals}) == 1
+
+
+def _results(graph: fx.Graph, call: fx.Node, vals: tuple, name: str) -> list[fx.Node]:
+    call.meta["val"] = vals
+    call._rename(name)
+    outs = []
+    for i, val in enumerate(vals):
+        out = graph.call_function(operator.getitem, (call, i))
+        out.meta["val"] = val
+        out._rename(f"{name}_{i}")
+        outs.append(out)
+    return outs
+
+
+def _take_over(graph: fx.Graph, old: fx.Node, new: fx.Node) -> None:
+    """`old`'s readers read `new`, which takes `old`'s name."""
+    name = old.name
+    old.replace_all_uses_with(new)
+    graph.erase_node(old)
+    new._rename(name)
+
+
+def _as_viewed(graph: fx.Graph, new: fx.Node, view: fx.Node | None, like: fx.Node) -> fx.Node:
+    """`new` viewed as `view` views its operand (`new` itself where there was no view)."""
+    if view is None:
+        return new
+    out = graph.call_function(view.target, (new, *view.args[1:]))
+    out.meta = dict(like.meta)
+    return out
+
+
+def _linear_gelu(graph: fx.Graph, gelu: fx.Node) -> int:
+    view, add = _under_view(gelu.args[0])
+    if not (_calls(add, _ADD) and len(add.args) == 2 and not add.kwargs):
+        return 0
+    product, bias = add.args
+    if not (_product(product) and _is_bias(bias, product, product) and _val(bias).dim() == 1):
+        return 0
+    if _val(bias).dtype != _val(product).dtype:
+        return 0
+    with graph.inserting_before(add):
+        call = graph.call_function(torch.ops.sexpgpu.linear_gelu.default, (*product.args, bias))
+        g, h = _results(graph, call, (_val(product), _val(add)), f"{gelu.name}_product")
+    _take_over(graph, add, h)  # the gelu's input, for the backward
+    graph.erase_node(product)
+    with graph.inserting_before(gelu):
+        _take_over(graph, gelu, _as_viewed(graph, g, view, gelu))
+    return 1
+
+
+def _gelu_grad_mm(graph: fx.Graph, grad: fx.Node) -> int:
+    view, product = _under_view(grad.args[0])
+    _, h = _under_view(grad.args[1])
+    if (view is not None and len(view.users) != 1) or not _product(product):
+        return 0
+    h_val, p_val = _val(h), _val(product)
+    if h_val is None or h_val.shape != p_val.shape or h_val.dtype != p_val.dtype:
+        return 0
+    if not h_val.is_contiguous():
+        return 0
+    width = p_val.shape[1]
+    sums = [u for u in _readers_through_views(grad) if _bias_sum(u, width)]
+    with graph.inserting_before(grad):
+        call = graph.call_function(
+            torch.ops.sexpgpu.gelu_grad_mm.default, (*product.args, h, bool(sums))
+        )
+        bias_val = _val(sums[0]) if sums else p_val.new_empty((0,))
+        dh, db = _results(graph, call, (p_val, bias_val), f"{grad.name}_product")
+        _take_over(graph, grad, _as_viewed(graph, dh, view, grad))
+    for bias_sum in sums:
+        _take_over(graph, bias_sum, db)
+    if view is not None:
+        graph.erase_node(view)
+    graph.erase_node(product)
+    return 1
+
+
+def _readers_through_views(node: fx.Node) -> list[fx.Node]:
+    """`node`'s readers, and those of its views (transitively)."""
+    out = []
+    for user in node.users:
+        out.append(user)
+        if _calls(user, _VIEWS):
+            out.extend(_readers_through_views(user))
+    return out
+
+
+def _bias_sum(node: fx.Node, width: int) -> bool:
+    """Whether `node` sums its operand over all axes but the last (`width` long), in its dtype."""
+    if not _calls(node, _SUM) or node.kwargs.get("dtype") is not None:
+        return False
+    keep = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
+    operand = _val(node.args[0])
+    if operand is None or operand.shape[-1] != width:
+        return False
+    axes = sorted(a % operand.dim() for a in node.args[1])
+    return not keep and axes == list(range(operand.dim() - 1)) and _val(node).dtype == operand.dtype

@@ -1,0 +1,91 @@
+"""A linear layer's gelu in its products (`sexpgpu.devices.cuda.gelu_products`) on a GPU.
+
+cuBLASLt's epilogues (`sexpgpu.devices.cuda.cublaslt`) against the same
+arithmetic in torch calls, which is what the ops are on the CPU (the fused
+path's tests there, and `tests/devices/test_fx_rewrites.py`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sexpgpu.devices.cuda import cublaslt, gelu_products  # noqa: F401  (registers the ops)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"),
+]
+# bf16: the epilogue rounds once where the calls round the product first.
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
+SHAPES = [(256, 64, 192), (1000, 96, 384), (64, 40, 100)]
+
+
+def _operands(m, k, n, dtype, transposed):
+    gen = torch.Generator("cuda").manual_seed(m + k + n)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+    w = torch.randn(n, k, device="cuda", generator=gen).to(dtype) / k**0.5
+    w = w.t() if transposed else w.t().contiguous()
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_linear_gelu_equals_the_calls(dtype, transposed, shape):
+    x, w, b = _operands(*shape, dtype, transposed)
+    g, h = torch.ops.sexpgpu.linear_gelu(x, w, b)
+    h_want = torch.addmm(b.float(), x.float(), w.float())
+    g_want = torch.nn.functional.gelu(h_want, approximate="tanh")
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(h.float(), h_want, rtol=rtol, atol=atol)
+    torch.testing.assert_close(g.float(), g_want, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("bias_grad", [True, False])
+def test_gelu_grad_mm_equals_the_calls(dtype, transposed, shape, bias_grad):
+    dy, w, _ = _operands(*shape, dtype, transposed)
+    h = torch.randn(shape[0], shape[2], device="cuda").to(dtype)
+    dh, db = torch.ops.sexpgpu.gelu_grad_mm(dy, w, h, bias_grad)
+    dh_want = torch.ops.aten.gelu_backward(dy.float() @ w.float(), h.float(), approximate="tanh")
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(dh.float(), dh_want, rtol=rtol, atol=atol)
+    if bias_grad:
+        scale = dh_want.abs().sum(0).max().item()
+        torch.testing.assert_close(db.float(), dh_want.sum(0), rtol=rtol, atol=atol * scale)
+    else:
+        assert db.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cublaslt_runs_the_epilogues_at_gpt2s_shapes(dtype):
+    # Where it would not, the ops fall back to the calls and the speed is lost silently.
+    x, w, b = _operands(2048, 768, 3072, dtype, False)
+    h = torch.empty(2048, 3072, dtype=dtype, device="cuda")
+    assert cublaslt.matmul(x, w, cublaslt.Epilogue.GELU_AUX_BIAS, bias=b, aux=h) is not None
+    dy, w2, _ = _operands(2048, 768, 3072, dtype, True)
+    db = torch.empty(3072, dtype=dtype, device="cuda")
+    assert cublaslt.matmul(dy, w2, cublaslt.Epilogue.DGELU_BGRAD, bias=db, aux=h) is not None
+
+
+def test_a_cuda_graph_replays_the_epilogues():
+    x, w, b = _operands(512, 128, 256, torch.bfloat16, False)
+
+    def both():
+        g, h = torch.ops.sexpgpu.linear_gelu(x, w, b)
+        return (g, h, *torch.ops.sexpgpu.gelu_grad_mm(x, w, h, True))
+
+    before = both()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        captured = both()
+    x.mul_(0.5)  # the replay reads the operands anew
+    graph.replay()
+    for got, want in zip(captured, both(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.equal(captured[0], before[0])

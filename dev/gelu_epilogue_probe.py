@@ -5,8 +5,9 @@
 GPT-2 small's MLP at batch 16 (bf16 ``[16384 768] @ [768 3072]``), on one
 GPU, `triton.testing.do_bench`: the forward (the product with its bias, then
 gelu; against ``sexpgpu::linear_gelu``) and the gradient's half that reads
-gelu (the product ``dy w2^T``, gelu's derivative and the bias's gradient sum;
-against ``sexpgpu::gelu_grad_mm``). "apart" runs the same calls PyTorch
+gelu (the product ``dy w2^T``, gelu's derivative; against
+``sexpgpu::gelu_grad_mm``; apart, Inductor also sums the bias's gradient in
+the same pass, which the op leaves to a sum of its own). "apart" runs the same calls PyTorch
 would, each compiled by Inductor where it is elementwise.
 """
 
@@ -39,8 +40,8 @@ cases = {
     "forward: linear_gelu (cuBLASLt GELU_AUX_BIAS)": lambda: torch.ops.sexpgpu.linear_gelu(x, w, b),
     "backward: mm alone": lambda: dy @ w2.t(),
     "backward: mm, then gelu grad and bias sum (Inductor)": lambda: grad_and_sum(dy @ w2.t(), h),
-    "backward: gelu_grad_mm (cuBLASLt DGELU_BGRAD)": lambda: torch.ops.sexpgpu.gelu_grad_mm(
-        dy, w2.t(), h, True
+    "backward: gelu_grad_mm (cuBLASLt DGELU)": lambda: torch.ops.sexpgpu.gelu_grad_mm(
+        dy, w2.t(), h
     ),
 }
 for name, fn in cases.items():

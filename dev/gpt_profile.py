@@ -2,7 +2,7 @@
 
     python3 dev/gpt_profile.py [--batch 16] [--microbatches 1]
                                [--side sexpgpu|reduce-overhead|default|eager]
-                               [--inductor KEY=VALUE ...] [--gelu-apart]
+                               [--inductor KEY=VALUE ...] [--gelu-apart [backward]]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
@@ -10,7 +10,8 @@ and the kernels that took longest. `--side` profiles the peer of
 benches/gpt2_cuda.py (the same model in PyTorch) instead. `--inductor` sets
 Inductor options (``combo_kernels=True``) for both sides' compiles, to try
 them. `--gelu-apart` keeps gelu and its gradient out of the products
-(no `gelu_into_products` rewrite), to measure what it gives. `--batch` is
+(no `gelu_into_products` rewrite), to measure what it gives;
+`--gelu-apart backward` only the gradient. `--batch` is
 one microbatch's rows; with `--microbatches` above 1
 sexpgpu's device picks the stacking (the peers run all the rows as one
 batch). For sexpgpu it also times the step's parts back to back: the fused
@@ -43,12 +44,16 @@ parser.add_argument(
 )
 parser.add_argument("--side", default="sexpgpu")
 parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
-parser.add_argument("--gelu-apart", action="store_true")
+parser.add_argument("--gelu-apart", nargs="?", const="all", choices=["all", "backward"])
 args = parser.parse_args()
 if args.gelu_apart:
-    import sexpgpu.devices.cuda.fused
+    import sexpgpu.devices.cuda.fused as fused
+    from sexpgpu.devices.cuda.fx_rewrites import gelu_into_products
 
-    sexpgpu.devices.cuda.fused.gelu_into_products = lambda gm: (0, 0)
+    def apart(gm, backward=True):
+        return (0, 0) if args.gelu_apart == "all" else gelu_into_products(gm, backward=False)
+
+    fused.gelu_into_products = apart
 for setting in args.inductor:
     key, value = setting.split("=", 1)
     target = torch._inductor.config

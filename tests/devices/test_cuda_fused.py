@@ -289,7 +289,7 @@ def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path)
     from sexpgpu.devices.cuda import parallel_compile
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 15)
+    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 10)
     compiled = _compiled("mlp")
     graph = compiled.train_graph
     params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}

@@ -17,7 +17,8 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"),
 ]
 # bf16: the epilogue rounds once where the calls round the product first.
-TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
+# f32: the products' sums in another order.
+TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
 SHAPES = [(256, 64, 192), (1000, 96, 384), (64, 40, 100)]
 
 
@@ -46,19 +47,13 @@ def test_linear_gelu_equals_the_calls(dtype, transposed, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("bias_grad", [True, False])
-def test_gelu_grad_mm_equals_the_calls(dtype, transposed, shape, bias_grad):
+def test_gelu_grad_mm_equals_the_calls(dtype, transposed, shape):
     dy, w, _ = _operands(*shape, dtype, transposed)
     h = torch.randn(shape[0], shape[2], device="cuda").to(dtype)
-    dh, db = torch.ops.sexpgpu.gelu_grad_mm(dy, w, h, bias_grad)
+    dh = torch.ops.sexpgpu.gelu_grad_mm(dy, w, h)
     dh_want = torch.ops.aten.gelu_backward(dy.float() @ w.float(), h.float(), approximate="tanh")
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(dh.float(), dh_want, rtol=rtol, atol=atol)
-    if bias_grad:
-        scale = dh_want.abs().sum(0).max().item()
-        torch.testing.assert_close(db.float(), dh_want.sum(0), rtol=rtol, atol=atol * scale)
-    else:
-        assert db.numel() == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -68,8 +63,7 @@ def test_cublaslt_runs_the_epilogues_at_gpt2s_shapes(dtype):
     h = torch.empty(2048, 3072, dtype=dtype, device="cuda")
     assert cublaslt.matmul(x, w, cublaslt.Epilogue.GELU_AUX_BIAS, bias=b, aux=h) is not None
     dy, w2, _ = _operands(2048, 768, 3072, dtype, True)
-    db = torch.empty(3072, dtype=dtype, device="cuda")
-    assert cublaslt.matmul(dy, w2, cublaslt.Epilogue.DGELU_BGRAD, bias=db, aux=h) is not None
+    assert cublaslt.matmul(dy, w2, cublaslt.Epilogue.DGELU, aux=h) is not None
 
 
 def test_a_cuda_graph_replays_the_epilogues():
@@ -77,7 +71,7 @@ def test_a_cuda_graph_replays_the_epilogues():
 
     def both():
         g, h = torch.ops.sexpgpu.linear_gelu(x, w, b)
-        return (g, h, *torch.ops.sexpgpu.gelu_grad_mm(x, w, h, True))
+        return g, h, torch.ops.sexpgpu.gelu_grad_mm(x, w, h)
 
     before = both()
     graph = torch.cuda.CUDAGraph()

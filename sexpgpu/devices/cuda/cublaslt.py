@@ -2,14 +2,13 @@
 
 PyTorch calls cuBLASLt for ``addmm`` (the bias epilogue) but keeps the
 others to itself: gelu with its input kept for the backward (``GELU_AUX_BIAS``)
-and gelu's gradient with the bias's (``DGELU_BGRAD``). This module calls the
+and gelu's gradient (``DGELU``). This module calls the
 library PyTorch has already loaded, through ctypes, on PyTorch's stream and
 with a workspace of its own, so a CUDA graph can capture the calls.
 
 cuBLASLt is column-major: the row-major ``d[M N] = a[M K] @ b[K N]`` is the
 column-major ``d^T = b^T a^T``, so `b` goes first. A vector epilogue's
-"rows" are then the columns of `d` (one bias value per output feature), and
-a bias gradient sums over `d`'s rows.
+"rows" are then the columns of `d`: one bias value per output feature.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ class Epilogue:
     BIAS = 4
     GELU_AUX_BIAS = 164  # d = gelu(a b + bias), aux = a b + bias
     DGELU = 192  # d = (a b) * gelu'(aux)
-    DGELU_BGRAD = 208  # as DGELU, and bias = d summed over its rows
 
 
 # cublasLt.h: cublasLtMatmulDescAttributes_t, cublasLtMatmulPreferenceAttributes_t,
@@ -184,9 +182,9 @@ def matmul(
 ) -> torch.Tensor | None:
     """``a[M K] @ b[K N]`` with `epilogue`, into a new ``[M N]``; None where cuBLASLt cannot.
 
-    `bias` ``[N]`` is read (``BIAS``, ``GELU_AUX_BIAS``) or written
-    (``DGELU_BGRAD``); `aux` ``[M N]`` contiguous is written (``GELU_AUX_BIAS``:
-    the gelu's input) or read (``DGELU``: the forward's gelu input).
+    `bias` ``[N]`` is read (``BIAS``, ``GELU_AUX_BIAS``); `aux` ``[M N]``,
+    contiguous, is written (``GELU_AUX_BIAS``: the gelu's input) or read
+    (``DGELU``: the forward's gelu input).
     """
     ops = _operand(a), _operand(b)
     if None in ops or a.dtype not in _TYPES or b.dtype != a.dtype:

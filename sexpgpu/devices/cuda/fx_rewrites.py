@@ -31,7 +31,6 @@ _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshap
 _PRODUCT = frozenset({_aten.mm.default})
 _GELU = frozenset({_aten.gelu.default})
 _GELU_GRAD = frozenset({_aten.gelu_backward.default})
-_SUM = frozenset({_aten.sum.dim_IntList})
 _ADD = frozenset({_aten.add.Tensor})
 
 
@@ -88,29 +87,28 @@ def _is_bias(bias: object, product: fx.Node, view: fx.Node) -> bool:
     return v.shape[-1] == last and b.dim() <= 1 and b.dtype == p.dtype and b.numel() in (1, last)
 
 
-def gelu_into_products(gm: fx.GraphModule) -> tuple[int, int]:
+def gelu_into_products(gm: fx.GraphModule, backward: bool = True) -> tuple[int, int]:
     """Give each tanh gelu of a biased product, and each gelu gradient of a product, to the product.
 
     Forward: ``gelu(mm(x, w) + b)`` (the add as `bias_adds_onto_products`
     leaves it, maybe viewed) becomes ``sexpgpu::linear_gelu``, whose second
     result, the gelu's input, replaces the add for its other readers (the
     backward). Backward: ``gelu_backward(mm(dy, w), h)`` becomes
-    ``sexpgpu::gelu_grad_mm``, and a sum of its result over all axes but the
-    last (the bias's gradient) becomes the op's second result. Returns how
+    ``sexpgpu::gelu_grad_mm`` (`backward` False keeps it apart). Returns how
     many of each moved; new nodes are named after the nodes they replace,
     so they keep their IR nodes.
     """
     graph = gm.graph
-    forward = backward = 0
+    moved = [0, 0]
     for node in list(graph.nodes):
         if _calls(node, _GELU) and _tanh(node, 1):
-            forward += _linear_gelu(graph, node)
-        elif _calls(node, _GELU_GRAD) and _tanh(node, 2):
-            backward += _gelu_grad_mm(graph, node)
-    if forward or backward:
+            moved[0] += _linear_gelu(graph, node)
+        elif backward and _calls(node, _GELU_GRAD) and _tanh(node, 2):
+            moved[1] += _gelu_grad_mm(graph, node)
+    if any(moved):
         graph.lint()
         gm.recompile()
-    return forward, backward
+    return moved[0], moved[1]
 
 
 def _tanh(node: fx.Node, operands: int) -> bool:
@@ -194,40 +192,12 @@ def _gelu_grad_mm(graph: fx.Graph, grad: fx.Node) -> int:
         return 0
     if not h_val.is_contiguous():
         return 0
-    width = p_val.shape[1]
-    sums = [u for u in _readers_through_views(grad) if _bias_sum(u, width)]
     with graph.inserting_before(grad):
-        call = graph.call_function(
-            torch.ops.sexpgpu.gelu_grad_mm.default, (*product.args, h, bool(sums))
-        )
-        bias_val = _val(sums[0]) if sums else p_val.new_empty((0,))
-        dh, db = _results(graph, call, (p_val, bias_val), f"{grad.name}_product")
-        _take_over(graph, grad, _as_viewed(graph, dh, view, grad))
-    for bias_sum in sums:
-        _take_over(graph, bias_sum, db)
+        call = graph.call_function(torch.ops.sexpgpu.gelu_grad_mm.default, (*product.args, h))
+        call.meta["val"] = p_val
+        call._rename(f"{grad.name}_product")
+        _take_over(graph, grad, _as_viewed(graph, call, view, grad))
     if view is not None:
         graph.erase_node(view)
     graph.erase_node(product)
     return 1
-
-
-def _readers_through_views(node: fx.Node) -> list[fx.Node]:
-    """`node`'s readers, and those of its views (transitively)."""
-    out = []
-    for user in node.users:
-        out.append(user)
-        if _calls(user, _VIEWS):
-            out.extend(_readers_through_views(user))
-    return out
-
-
-def _bias_sum(node: fx.Node, width: int) -> bool:
-    """Whether `node` sums its operand over all axes but the last (`width` long), in its dtype."""
-    if not _calls(node, _SUM) or node.kwargs.get("dtype") is not None:
-        return False
-    keep = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 else False)
-    operand = _val(node.args[0])
-    if operand is None or operand.shape[-1] != width:
-        return False
-    axes = sorted(a % operand.dim() for a in node.args[1])
-    return not keep and axes == list(range(operand.dim() - 1)) and _val(node).dtype == operand.dtype

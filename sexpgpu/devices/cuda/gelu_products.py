@@ -2,13 +2,14 @@
 
 Apart, a layer ``gelu(x w + b)`` writes the product, reads it back for the
 gelu and writes that; its gradient writes ``g w2^T``, reads it with the
-product for gelu's derivative, writes the result and reads it once more for
-the bias's gradient. On a GPU cuBLASLt does each half in its product's
-epilogue (`sexpgpu.devices.cuda.cublaslt`): the forward writes the gelu
-and, for the backward, its input; the backward's product applies gelu's
-derivative and sums the bias's gradient as it writes. A rewrite of the
-traced step (`sexpgpu.devices.cuda.fx_rewrites.gelu_into_products`) puts
-them in.
+product for gelu's derivative and writes the result. On a GPU cuBLASLt
+does each half in its product's epilogue (`sexpgpu.devices.cuda.cublaslt`):
+the forward writes the gelu and, for the backward, its input; the
+backward's product applies gelu's derivative as it writes. The bias's
+gradient stays a sum of its own: cuBLASLt's ``DGELU_BGRAD`` ran a second
+kernel over the result, 0.44 ms against 0.23 ms apart at GPT-2 small's
+width on an H200 (`dev/gelu_epilogue_probe.py`). A rewrite of the traced
+step (`sexpgpu.devices.cuda.fx_rewrites.gelu_into_products`) puts them in.
 
 Both are PyTorch custom ops, so traces and Inductor keep each as one call.
 Elsewhere (the CPU, a shape or dtype cuBLASLt refuses) they are the same
@@ -53,34 +54,24 @@ def _(x, w, b):
 
 
 @torch.library.custom_op("sexpgpu::gelu_grad_mm", mutates_args=())
-def gelu_grad_mm(
-    dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor, bias_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``(dy w) * gelu'(h)``, its column sums where `bias_grad`, else an empty tensor).
-
-    `dy` ``[M K]``, `w` ``[K N]``, `h` ``[M N]`` (the forward's gelu input).
-    """
-    return _grad_in_torch(dy, w, h, bias_grad)
+def gelu_grad_mm(dy: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``(dy w) * gelu'(h)`` for `dy` ``[M K]``, `w` ``[K N]``, `h` ``[M N]`` (gelu's input)."""
+    return _grad_in_torch(dy, w, h)
 
 
 @gelu_grad_mm.register_fake
-def _(dy, w, h, bias_grad):
-    n = w.shape[1]
-    return dy.new_empty((dy.shape[0], n)), dy.new_empty((n,) if bias_grad else (0,))
+def _(dy, w, h):
+    return dy.new_empty((dy.shape[0], w.shape[1]))
 
 
 @gelu_grad_mm.register_kernel("cuda")
-def _(dy, w, h, bias_grad):
+def _(dy, w, h):
     if cublaslt.available(dy.device) and h.is_contiguous() and h.dtype == dy.dtype:
-        n = w.shape[1]
-        db = torch.empty((n,) if bias_grad else (0,), dtype=dy.dtype, device=dy.device)
-        epilogue = cublaslt.Epilogue.DGELU_BGRAD if bias_grad else cublaslt.Epilogue.DGELU
-        dh = cublaslt.matmul(dy, w, epilogue, bias=db if bias_grad else None, aux=h)
+        dh = cublaslt.matmul(dy, w, cublaslt.Epilogue.DGELU, aux=h)
         if dh is not None:
-            return dh, db
-    return _grad_in_torch(dy, w, h, bias_grad)
+            return dh
+    return _grad_in_torch(dy, w, h)
 
 
-def _grad_in_torch(dy, w, h, bias_grad):
-    dh = torch.ops.aten.gelu_backward(dy @ w, h, approximate="tanh")
-    return dh, dh.sum(0) if bias_grad else dh.new_empty((0,))
+def _grad_in_torch(dy, w, h):
+    return torch.ops.aten.gelu_backward(dy @ w, h, approximate="tanh")

@@ -221,7 +221,11 @@ def test_a_refused_capture_runs_the_step_without_a_cuda_graph(monkeypatch) -> No
 def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(
     kind, overwrite, monkeypatch, tmp_path
 ):
-    """Three parts, each compiled by a worker into the shared cache, then loaded here."""
+    """Four parts, each compiled by a worker into the shared cache, then loaded here.
+
+    (Cut in three, one layernorm kernel of the GPU's parts fails in Triton
+    3.x's compiler, "PassManager::run failed", and the step compiles whole.)
+    """
     from sexpgpu.devices.cuda import parallel_compile
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
@@ -231,7 +235,7 @@ def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(
     host = compiled.init_params(0)
     params = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
     batches = [_feeds(graph, seed) for seed in (1, 2)]
-    pool = parallel_compile.CompilePool(3)
+    pool = parallel_compile.CompilePool(4)
     try:
         fused = FusedGraph(
             graph,
@@ -243,8 +247,8 @@ def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(
         )
     finally:
         pool.close()
-    assert fused.parts == 3
-    assert "in 3 parts, 3 of them by compile workers" in fused.report_lines()[0]
+    assert fused.parts == 4
+    assert "in 4 parts, 4 of them by compile workers" in fused.report_lines()[0]
     assert all(k.nodes or k.sums for k in fused.kernels)
     buffers = {name: torch.full_like(b, 7.0) for name, b in fused.zero_buffers().items()}
     strides = {name: b.stride() for name, b in buffers.items()}

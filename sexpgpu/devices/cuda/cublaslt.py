@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Epilogue", "available", "matmul"]
+__all__ = ["WORKSPACE", "Epilogue", "available", "matmul"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,9 @@ _PREF_WORKSPACE = 1
 _PREF_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
 _COMPUTE_32F, _R_32F = 68, 0
 _TYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
-_WORKSPACE = 32 << 20
+# PyTorch gives its cuBLASLt handles 1 MiB on an H200 (dev/memory_peak.py); the
+# epilogues' kernels split no sums, and the memory plan counts this (one a GPU).
+WORKSPACE = 1 << 20
 _HEURISTIC_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo (64), size_t, status, float, int[4]
 
 
@@ -102,7 +104,7 @@ def _handle(device: int) -> ctypes.c_void_p:
 
 @functools.cache
 def _workspace(device: int) -> torch.Tensor:
-    return torch.empty(_WORKSPACE, dtype=torch.uint8, device=torch.device("cuda", device))
+    return torch.empty(WORKSPACE, dtype=torch.uint8, device=torch.device("cuda", device))
 
 
 def _operand(t: torch.Tensor) -> tuple[int, int, int, int] | None:
@@ -152,7 +154,7 @@ def _plan(device, dtype, a_op, b_op, m, n, epilogue, aux_ld, align) -> _Plan | N
     pref = ctypes.c_void_p()
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     pset = lib.cublasLtMatmulPreferenceSetAttribute
-    _set(pset, pref, _PREF_WORKSPACE, _WORKSPACE, ctypes.c_uint64)
+    _set(pset, pref, _PREF_WORKSPACE, WORKSPACE, ctypes.c_uint64)
     for key, bytes_ in zip(("b", "a", "c", "d"), align, strict=True):
         _set(pset, pref, _PREF_ALIGNMENT[key], bytes_, ctypes.c_uint32)
     result = (ctypes.c_uint8 * _HEURISTIC_BYTES)()
@@ -215,7 +217,7 @@ def matmul(
         lib.cublasLtMatmul(
             _handle(device), plan.desc, ctypes.byref(one), b.data_ptr(), b_l, a.data_ptr(), a_l,
             ctypes.byref(zero), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
-            _workspace(device).data_ptr(), _WORKSPACE, stream,
+            _workspace(device).data_ptr(), WORKSPACE, stream,
         ),
         "cublasLtMatmul",
     )  # fmt: skip

@@ -173,7 +173,7 @@ class CudaDevice:
             "gradients": params if self.fuse or per_rank > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            "workspace": CUBLAS_WORKSPACE * self._blas_streams() + 3 * largest,
+            "workspace": CUBLAS_WORKSPACE * self._blas_streams() + 3 * largest + self._epilogues(),
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
@@ -186,6 +186,12 @@ class CudaDevice:
         trace and dry call run the step) holds a third.
         """
         return 3 if self._captures() else 1
+
+    def _epilogues(self) -> int:
+        """The workspace of the products with gelu in their epilogues (fused steps on a GPU)."""
+        from sexpgpu.devices.cuda.cublaslt import WORKSPACE
+
+        return WORKSPACE if self._captures() else 0
 
     def _captures(self) -> bool:
         """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""

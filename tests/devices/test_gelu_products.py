@@ -1,8 +1,10 @@
-"""A linear layer's gelu in its products (`sexpgpu.devices.cuda.gelu_products`) on a GPU.
+"""A linear layer's gelu in its products (`sexpgpu.devices.cuda.gelu_products`).
 
 cuBLASLt's epilogues (`sexpgpu.devices.cuda.cublaslt`) against the same
-arithmetic in torch calls, which is what the ops are on the CPU (the fused
-path's tests there, and `tests/devices/test_fx_rewrites.py`).
+arithmetic in torch calls, on a GPU (``-m gpu``); on the CPU the ops are
+those calls (the fused path's tests there, and
+`tests/devices/test_fx_rewrites.py`), and the layouts handed to cuBLASLt
+are checked here.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import torch
 
 from sexpgpu.devices.cuda import cublaslt, gelu_products  # noqa: F401  (registers the ops)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"),
-]
+
+def gpu(test):
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")(test))
+
+
 # bf16: the epilogue rounds once where the calls round the product first.
 # f32: the products' sums in another order.
 TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
@@ -31,6 +34,7 @@ def _operands(m, k, n, dtype, transposed):
     return x, w, b
 
 
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -44,6 +48,7 @@ def test_linear_gelu_equals_the_calls(dtype, transposed, shape):
     torch.testing.assert_close(g.float(), g_want, rtol=rtol, atol=atol)
 
 
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
@@ -56,6 +61,7 @@ def test_gelu_grad_mm_equals_the_calls(dtype, transposed, shape):
     torch.testing.assert_close(dh.float(), dh_want, rtol=rtol, atol=atol)
 
 
+@gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_cublaslt_runs_the_epilogues_at_gpt2s_shapes(dtype):
     # Where it would not, the ops fall back to the calls and the speed is lost silently.
@@ -66,6 +72,7 @@ def test_cublaslt_runs_the_epilogues_at_gpt2s_shapes(dtype):
     assert cublaslt.matmul(dy, w2, cublaslt.Epilogue.DGELU, aux=h) is not None
 
 
+@gpu
 def test_a_cuda_graph_replays_the_epilogues():
     x, w, b = _operands(512, 128, 256, torch.bfloat16, False)
 
@@ -83,3 +90,23 @@ def test_a_cuda_graph_replays_the_epilogues():
     for got, want in zip(captured, both(), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert not torch.equal(captured[0], before[0])
+
+
+def test_row_major_operands_as_cublaslts_column_major_layouts():
+    w = torch.empty(768, 3072)
+    assert cublaslt._operand(w) == (0, 3072, 768, 3072)  # rows contiguous: as it is
+    assert cublaslt._operand(w.t()) == (1, 3072, 768, 3072)  # its transpose: transposed
+    assert cublaslt._operand(w[:, :1024]) == (0, 1024, 768, 3072)  # rows apart: the ld
+    assert cublaslt._operand(torch.empty(4, 6, 2)[:, :, 0]) is None  # neither: computed apart
+
+
+def test_the_ops_off_a_gpu_are_the_calls():
+    x, w, b = torch.randn(16, 8), torch.randn(8, 12), torch.randn(12)
+    g, h = torch.ops.sexpgpu.linear_gelu(x, w, b)
+    torch.testing.assert_close(h, torch.addmm(b, x, w), rtol=0, atol=0)
+    torch.testing.assert_close(g, torch.nn.functional.gelu(h, approximate="tanh"), rtol=0, atol=0)
+    dy, w2 = torch.randn(16, 5), torch.randn(5, 12)
+    want = torch.ops.aten.gelu_backward(dy @ w2, h, approximate="tanh")
+    got = torch.ops.sexpgpu.gelu_grad_mm(dy, w2, h)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not cublaslt.available(torch.device("cpu"))

@@ -108,7 +108,12 @@ def _workspace(device: int) -> torch.Tensor:
 
 
 def _operand(t: torch.Tensor) -> tuple[int, int, int, int] | None:
-    """(transposed, rows, cols, ld) of row-major `t` ``[R C]`` as the column-major ``C x R``."""
+    """How cuBLASLt reads row-major `t` ``[R C]`` as the column-major ``C x R``, or None.
+
+    (whether it transposes the layout, the layout's rows, columns and leading
+    dimension): rows of `t` laid out contiguously are that matrix as it is;
+    columns laid out contiguously are its transpose.
+    """
     r, c = t.shape
     s0, s1 = t.stride()
     if s1 == 1 and s0 >= max(c, 1):
@@ -118,12 +123,9 @@ def _operand(t: torch.Tensor) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _alignment(*tensors: torch.Tensor | None) -> tuple[int, ...]:
-    out = []
-    for t in tensors:
-        ptr = 256 if t is None else t.data_ptr()
-        out.append(min(256, ptr & -ptr if ptr else 256))
-    return tuple(out)
+def _alignment(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """Each tensor's address alignment in bytes, up to the 256 cuBLASLt assumes."""
+    return tuple(min(256, t.data_ptr() & -t.data_ptr()) if t.data_ptr() else 256 for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -191,11 +193,11 @@ def matmul(
     ops = _operand(a), _operand(b)
     if None in ops or a.dtype not in _TYPES or b.dtype != a.dtype:
         return None
-    m_rows, n_cols = a.shape[0], b.shape[1]
-    d = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
-    if d.numel() == 0 or a.shape[1] == 0:
+    m_rows, k, n_cols = a.shape[0], a.shape[1], b.shape[1]
+    if 0 in (m_rows, k, n_cols):
         return None
-    align = _alignment(b, a, d, d)
+    # The caching allocator aligns the result to far more than cuBLASLt asks.
+    align = (*_alignment(b, a), 256, 256)
     plan = _plan(
         a.device.index, a.dtype, ops[0], ops[1], n_cols, m_rows, epilogue,
         n_cols if aux is not None else 0, align,
@@ -209,16 +211,17 @@ def matmul(
     for attr, t in ((_BIAS_POINTER, bias), (_AUX_POINTER, aux)):
         if t is not None:
             _set(setter, plan.desc, attr, t.data_ptr(), ctypes.c_uint64)
+    d = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     b_l, a_l, d_l = plan.layouts
     device = a.device.index
     stream = torch.cuda.current_stream(a.device).cuda_stream
-    _check(
-        lib.cublasLtMatmul(
-            _handle(device), plan.desc, ctypes.byref(one), b.data_ptr(), b_l, a.data_ptr(), a_l,
-            ctypes.byref(zero), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
-            _workspace(device).data_ptr(), WORKSPACE, stream,
-        ),
-        "cublasLtMatmul",
+    status = lib.cublasLtMatmul(
+        _handle(device), plan.desc, ctypes.byref(one), b.data_ptr(), b_l, a.data_ptr(), a_l,
+        ctypes.byref(zero), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
+        _workspace(device).data_ptr(), WORKSPACE, stream,
     )  # fmt: skip
+    if status != 0:  # refused before any launch: the caller computes it apart
+        log.warning("cuBLASLt refused epilogue %d at %dx%d (%d)", epilogue, n_cols, m_rows, status)
+        return None
     return d

@@ -123,9 +123,12 @@ def _operand(t: torch.Tensor) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _alignment(*tensors: torch.Tensor) -> tuple[int, ...]:
-    """Each tensor's address alignment in bytes, up to the 256 cuBLASLt assumes."""
-    return tuple(min(256, t.data_ptr() & -t.data_ptr()) if t.data_ptr() else 256 for t in tensors)
+def _alignment(*tensors: torch.Tensor | None) -> tuple[int, ...]:
+    out = []
+    for t in tensors:
+        ptr = 256 if t is None else t.data_ptr()
+        out.append(min(256, ptr & -ptr if ptr else 256))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -193,11 +196,11 @@ def matmul(
     ops = _operand(a), _operand(b)
     if None in ops or a.dtype not in _TYPES or b.dtype != a.dtype:
         return None
-    m_rows, k, n_cols = a.shape[0], a.shape[1], b.shape[1]
-    if 0 in (m_rows, k, n_cols):
+    m_rows, n_cols = a.shape[0], b.shape[1]
+    d = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
+    if d.numel() == 0 or a.shape[1] == 0:
         return None
-    # The caching allocator aligns the result to far more than cuBLASLt asks.
-    align = (*_alignment(b, a), 256, 256)
+    align = _alignment(b, a, d, d)
     plan = _plan(
         a.device.index, a.dtype, ops[0], ops[1], n_cols, m_rows, epilogue,
         n_cols if aux is not None else 0, align,
@@ -211,17 +214,16 @@ def matmul(
     for attr, t in ((_BIAS_POINTER, bias), (_AUX_POINTER, aux)):
         if t is not None:
             _set(setter, plan.desc, attr, t.data_ptr(), ctypes.c_uint64)
-    d = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
     one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     b_l, a_l, d_l = plan.layouts
     device = a.device.index
     stream = torch.cuda.current_stream(a.device).cuda_stream
-    status = lib.cublasLtMatmul(
-        _handle(device), plan.desc, ctypes.byref(one), b.data_ptr(), b_l, a.data_ptr(), a_l,
-        ctypes.byref(zero), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
-        _workspace(device).data_ptr(), WORKSPACE, stream,
+    _check(
+        lib.cublasLtMatmul(
+            _handle(device), plan.desc, ctypes.byref(one), b.data_ptr(), b_l, a.data_ptr(), a_l,
+            ctypes.byref(zero), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
+            _workspace(device).data_ptr(), WORKSPACE, stream,
+        ),
+        "cublasLtMatmul",
     )  # fmt: skip
-    if status != 0:  # refused before any launch: the caller computes it apart
-        log.warning("cuBLASLt refused epilogue %d at %dx%d (%d)", epilogue, n_cols, m_rows, status)
-        return None
     return d

@@ -25,6 +25,17 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
 SHAPES = [(256, 64, 192), (1000, 96, 384), (64, 40, 100)]
 
 
+def each_case(test):
+    """`test` on the GPU for each dtype, weight layout and shape."""
+    for name, values, ids in (
+        ("shape", SHAPES, str),
+        ("transposed", [False, True], ["w", "w^T"]),
+        ("dtype", [torch.float32, torch.bfloat16], str),
+    ):
+        test = pytest.mark.parametrize(name, values, ids=ids)(test)
+    return gpu(test)
+
+
 def _operands(m, k, n, dtype, transposed):
     gen = torch.Generator("cuda").manual_seed(m + k + n)
     x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
@@ -34,10 +45,7 @@ def _operands(m, k, n, dtype, transposed):
     return x, w, b
 
 
-@gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@each_case
 def test_linear_gelu_equals_the_calls(dtype, transposed, shape):
     x, w, b = _operands(*shape, dtype, transposed)
     g, h = torch.ops.sexpgpu.linear_gelu(x, w, b)
@@ -48,10 +56,7 @@ def test_linear_gelu_equals_the_calls(dtype, transposed, shape):
     torch.testing.assert_close(g.float(), g_want, rtol=rtol, atol=atol)
 
 
-@gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("transposed", [False, True], ids=["w", "w^T"])
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@each_case
 def test_gelu_grad_mm_equals_the_calls(dtype, transposed, shape):
     dy, w, _ = _operands(*shape, dtype, transposed)
     h = torch.randn(shape[0], shape[2], device="cuda").to(dtype)

@@ -33,8 +33,7 @@ def linear_gelu(
     x: torch.Tensor, w: torch.Tensor, b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``gelu(x w + b)``, ``x w + b``) for 2-D `x` ``[M K]``, `w` ``[K N]`` and `b` ``[N]``."""
-    h = torch.addmm(b, x, w)
-    return torch.nn.functional.gelu(h, approximate="tanh"), h
+    return _in_torch(x, w, b)
 
 
 @linear_gelu.register_fake
@@ -49,6 +48,10 @@ def _(x, w, b):
         g = cublaslt.matmul(x, w, cublaslt.Epilogue.GELU_AUX_BIAS, bias=b, aux=h)
         if g is not None:
             return g, h
+    return _in_torch(x, w, b)
+
+
+def _in_torch(x, w, b):
     h = torch.addmm(b, x, w)
     return torch.nn.functional.gelu(h, approximate="tanh"), h
 

@@ -3,6 +3,7 @@
     python3 dev/gpt_profile.py [--batch 16] [--microbatches 1]
                                [--side sexpgpu|reduce-overhead|default|eager]
                                [--inductor KEY=VALUE ...] [--gelu-apart [backward]]
+                               [--casts]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
@@ -11,7 +12,9 @@ benches/gpt2_cuda.py (the same model in PyTorch) instead. `--inductor` sets
 Inductor options (``combo_kernels=True``) for both sides' compiles, to try
 them. `--gelu-apart` keeps gelu and its gradient out of the products
 (no `gelu_into_products` rewrite), to measure what it gives;
-`--gelu-apart backward` only the gradient. `--batch` is
+`--gelu-apart backward` only the gradient. `--casts` keeps the step's
+casts of the parameters (no `param_casts_to_inputs`: no copies written by
+the update). `--batch` is
 one microbatch's rows; with `--microbatches` above 1
 sexpgpu's device picks the stacking (the peers run all the rows as one
 batch). For sexpgpu it also times the step's parts back to back: the fused
@@ -24,6 +27,7 @@ import ast
 import sys
 import time
 from collections import defaultdict
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -45,7 +49,12 @@ parser.add_argument(
 parser.add_argument("--side", default="sexpgpu")
 parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
 parser.add_argument("--gelu-apart", nargs="?", const="all", choices=["all", "backward"])
+parser.add_argument("--casts", action="store_true")
 args = parser.parse_args()
+if args.casts:
+    import sexpgpu.devices.cuda.fused as fused
+
+    fused.param_casts_to_inputs = lambda gm, params: []
 if args.gelu_apart:
     import sexpgpu.devices.cuda.fused as fused
     from sexpgpu.devices.cuda.fx_rewrites import gelu_into_products
@@ -176,6 +185,13 @@ for start, stop, name in spans:
     if end is None or stop > end:
         end, before = stop, name
 idle = sum(g for g, _, _ in gaps)
+# What each memset (and each copy on the device) comes before: who asked for it.
+after_memset: defaultdict = defaultdict(int)
+for (_, _, name), (_, _, following) in pairwise(spans):
+    if name.startswith(("Memset", "Memcpy")):
+        after_memset[f"{name[:20]} before {following[:60]}"] += 1
+for what, count in sorted(after_memset.items(), key=lambda kv: -kv[1])[:8]:
+    print(f"  x{count} {what}")
 print(f"GPU idle between kernels {idle / 1e3:.2f} ms in {len(gaps)} gaps; longest:")
 for gap, before, after in sorted(gaps, reverse=True)[:8]:
     print(f"  {gap:8.1f} us after {before[:50]} before {after[:50]}")

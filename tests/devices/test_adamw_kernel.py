@@ -60,6 +60,29 @@ def test_one_launch_updates_as_the_cpu_device(monkeypatch, clip, wd):
     assert len(tables._made) == 2 and evictions == [1]
 
 
+def _copies_written(device: torch.device) -> tuple[list, list]:
+    """One step of SHAPES' parameters, all but the last with a bf16 copy: (params, copies)."""
+    tables = adamw.Tables(evicted=lambda: None)
+    rng = np.random.default_rng(1)
+    params, grads = (
+        [torch.from_numpy(rng.normal(size=s).astype(np.float32)).to(device) for s in SHAPES]
+        for _ in range(2)
+    )
+    moments = [[torch.zeros(s, device=device) for s in SHAPES] for _ in range(2)]
+    copies = [torch.zeros(s, dtype=torch.bfloat16, device=device) for s in SHAPES[:-1]] + [None]
+    one = torch.ones((), device=device)
+    numbers = AdamWStep(one * 0.1, 0.9, 0.95, 1e-8, 0.0, one, None)
+    adamw.update(tables, params, grads, *moments, numbers, copies)
+    return params[:-1], copies[:-1]
+
+
+@interpreted_only
+def test_one_launch_writes_the_bf16_copies():
+    # The interpreter rounds toward zero (a GPU to nearest even, the GPU case below).
+    for p, c in zip(*_copies_written(torch.device("cpu")), strict=True):
+        torch.testing.assert_close(c.float(), p, rtol=2**-7, atol=0)
+
+
 @interpreted_only
 def test_the_same_arrays_keep_their_table():
     evictions = []
@@ -84,3 +107,10 @@ def test_the_cuda_device_updates_in_one_launch_as_the_cpu_device(clip):
     for ours, theirs in zip(got, want, strict=True):
         for a, b in zip(ours, theirs, strict=True):
             np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_the_bf16_copies_are_the_casts_on_a_gpu():
+    for p, c in zip(*_copies_written(torch.device("cuda")), strict=True):
+        assert torch.equal(c, p.to(torch.bfloat16))  # rounded to nearest even, as the cast

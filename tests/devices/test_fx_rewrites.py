@@ -6,7 +6,11 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from sexpgpu.devices.cuda.fx_rewrites import bias_adds_onto_products, gelu_into_products
+from sexpgpu.devices.cuda.fx_rewrites import (
+    bias_adds_onto_products,
+    gelu_into_products,
+    param_casts_to_inputs,
+)
 
 aten = torch.ops.aten
 
@@ -122,3 +126,25 @@ def test_the_new_calls_keep_the_ir_nodes_names():
     bias_adds_onto_products(gm)
     gelu_into_products(gm)
     assert all(n.name.startswith("ir7__") for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_a_parameters_bf16_casts_read_one_new_input():
+    x, w, b, g = torch.randn(8, 4), torch.randn(4, 6), torch.randn(6), torch.randn(6)
+
+    def step(x, w, b, g):
+        # w: cast twice (forward and backward read it); b: cast once and read in f32;
+        # g: cast to f64, no copy of it; x is no parameter.
+        low = x.to(torch.bfloat16)
+        y = low @ w.to(torch.bfloat16) + b.to(torch.bfloat16)
+        back = y @ w.to(torch.bfloat16).t()
+        return back.float() + b.sum(), g.to(torch.float64)
+
+    gm, want = _traced(step, x, w, b, g)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert param_casts_to_inputs(gm, placeholders[1:]) == [0, 1]  # w and b, not g
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    assert names[4:] == [f"{placeholders[1].name}_bf16", f"{placeholders[2].name}_bf16"]
+    casts = [n.args[0] for n in gm.graph.nodes if n.target is aten._to_copy.default]
+    assert [c for c in casts if c.op == "placeholder"] == [placeholders[0], placeholders[3]]
+    got = gm(x, w, b, g, w.to(torch.bfloat16), b.to(torch.bfloat16))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -3,11 +3,13 @@
 PyTorch's multi-tensor ``_fused_adamw_`` took 10 launches and 1.18 ms for
 GPT-2 small's 148 parameters on an H200 (about 3 TB/s of the least
 traffic: the parameters, gradients and moments read, the parameters and
-moments written). Here one launch covers them all: a table on the device gives each program a block
-of one parameter (the addresses of the parameter, its gradient and its two
-moments, the block's start and the parameter's size). The table is made
-once per set of addresses and kept (the last few), so a captured update
-replays it.
+moments written). Here one launch covers them all: a table on the device
+gives each program a block of one parameter (the addresses of the
+parameter, its gradient and its two moments, the block's start, the
+parameter's size, and the address of the parameter's bf16 copy where the
+fused step reads one, `sexpgpu.devices.cuda.param_copies`). The table is
+made once per set of addresses and kept (the last few), so a captured
+update replays it.
 
 The arithmetic is `sexpgpu.devices.arrays.ArrayOps.adamw`'s, in f32, the
 gradient multiplied by the clipping factor as it is read; the step count
@@ -43,9 +45,13 @@ class Tables:
         self._made: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
         self._evicted, self._capacity = evicted, capacity
 
-    def __call__(self, arrays: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    def __call__(
+        self, arrays: Sequence[Sequence[torch.Tensor]], copies: Sequence[torch.Tensor | None]
+    ) -> torch.Tensor:
         params = arrays[0]
-        key = (BLOCK, *(t.data_ptr() for ts in arrays for t in ts), *(p.numel() for p in params))
+        copied = [0 if c is None else c.data_ptr() for c in copies]
+        key = (BLOCK, *(t.data_ptr() for ts in arrays for t in ts), *copied)
+        key += tuple(p.numel() for p in params)
         table = self._made.get(key)
         if table is not None:
             self._made.move_to_end(key)
@@ -54,7 +60,8 @@ class Tables:
         which = np.repeat(np.arange(len(params)), [len(s) for s in starts])
         sizes = np.array([p.numel() for p in params], np.int64)[which]
         columns = [np.array([t.data_ptr() for t in ts], np.int64)[which] for ts in arrays]
-        rows = np.stack([*columns, np.concatenate(starts), sizes], axis=1)
+        copy_column = np.array(copied, np.int64)[which]
+        rows = np.stack([*columns, np.concatenate(starts), sizes, copy_column], axis=1)
         table = self._made[key] = torch.from_numpy(rows).to(params[0].device)
         if len(self._made) > self._capacity:
             self._made.popitem(last=False)
@@ -69,15 +76,23 @@ def update(
     m: Sequence[torch.Tensor],
     v: Sequence[torch.Tensor],
     step: Any,
+    copies: Sequence[torch.Tensor | None] | None = None,
 ) -> None:
     """One AdamW step (`sexpgpu.devices.arrays.AdamWStep`) of contiguous f32 tensors, in place.
 
     `step.lr` and `step.step` are device scalars (f32); `step.grad_scale`
-    is None or a device scalar.
+    is None or a device scalar. `copies` (None, or one per parameter: a
+    contiguous bf16 tensor of its shape or None) are written with the new
+    parameters, rounded to nearest even.
     """
     arrays = (params, grads, m, v)
     assert all(t.is_contiguous() and t.dtype == torch.float32 for ts in arrays for t in ts)
-    table = tables(arrays)
+    copies = [None] * len(params) if copies is None else copies
+    assert all(
+        c is None or (c.is_contiguous() and c.dtype == torch.bfloat16 and c.shape == p.shape)
+        for p, c in zip(params, copies, strict=True)
+    )
+    table = tables(arrays, copies)
     scale = step.grad_scale
     kernel("adamw_kernel", "adamw_kernel")[(table.shape[0],)](
         table, step.lr, step.step, scale if scale is not None else step.lr,

@@ -13,8 +13,9 @@ def adamw_kernel(
 ):  # fmt: skip
     # One program: BLOCK elements of one parameter. Its table row holds the
     # addresses of the parameter, its gradient and moments (f32, one layout),
-    # the block's first element and the parameter's size.
-    row = table_ptr + tl.program_id(0).to(tl.int64) * 6
+    # the block's first element, the parameter's size and the address of its
+    # bf16 copy (0: none).
+    row = table_ptr + tl.program_id(0).to(tl.int64) * 7
     p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
     m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
@@ -38,3 +39,6 @@ def adamw_kernel(
     tl.store(p_ptr + at, p, mask=mask)
     tl.store(m_ptr + at, m, mask=mask)
     tl.store(v_ptr + at, v, mask=mask)
+    copy = tl.load(row + 6)
+    if copy != 0:
+        tl.store(copy.to(tl.pointer_type(tl.bfloat16)) + at, p.to(tl.bfloat16), mask=mask)

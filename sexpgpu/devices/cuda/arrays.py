@@ -11,16 +11,22 @@ import torch
 
 from sexpgpu.devices.arrays import AdamWStep
 from sexpgpu.devices.cuda import adamw, triton_support
+from sexpgpu.devices.cuda.param_copies import ParamCopies
 from sexpgpu.devices.cuda.replay import Replay
 
 __all__ = ["TorchOps"]
 
 
 class TorchOps:
-    """Float32 tensors on `device`; reductions stay on the device until one host number."""
+    """Float32 tensors on `device`; reductions stay on the device until one host number.
 
-    def __init__(self, device: torch.device) -> None:
+    `copies` are the bf16 copies of parameters a fused step reads: the
+    update keeps them current (`sexpgpu.devices.cuda.param_copies`).
+    """
+
+    def __init__(self, device: torch.device, copies: ParamCopies | None = None) -> None:
         self.device = torch.device(device)
+        self.copies = copies if copies is not None else ParamCopies()
         self._scalars: dict[tuple[str, str], torch.Tensor] = {}
         self.events: list[str] = []
         self.replay = Replay(self.device, self.events)
@@ -96,7 +102,8 @@ class TorchOps:
         if self._one_launch and all(p.is_contiguous() for p in params):
             numbers = {"lr": step.lr, "step": step.step, "grad_scale": step.grad_scale}
             on_device = {k: self._device_scalar(x) for k, x in numbers.items()}
-            adamw.update(self._tables, params, grads, m, v, replace(step, **on_device))
+            copies = self.copies.written_with(params)
+            adamw.update(self._tables, params, grads, m, v, replace(step, **on_device), copies)
             return
         # PyTorch's fused multi-tensor AdamW: the same update, a few kernels for all,
         # its step count and learning rate read from the device scalars of `scalars`.
@@ -123,6 +130,7 @@ class TorchOps:
             maximize=False,
             grad_scale=divisor,
         )
+        self.copies.refresh(params)
 
     def _device_scalar(self, x: Any) -> torch.Tensor | None:
         """`x` (a host number, a device scalar or None) as an f32 scalar on the device."""

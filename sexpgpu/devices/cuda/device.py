@@ -79,6 +79,7 @@ class CudaDevice:
         self.fuse = torch_device == "cuda" if fuse is None else fuse
         # Per run (`id` of its CompiledRun, which the caller keeps alive) and degree.
         self._live: dict[tuple[int, int], tuple[int, Any]] = {}
+        self._copy_bytes: dict[tuple[int, int], int] = {}  # the fused call's parameter copies
         self._stacks: dict[tuple[int, int], Graph] = {}
         self._fused: dict[tuple[int, str, int], Any] = {}
         self._per_rank: dict[int, int] = {}  # microbatches per rank and step, per run
@@ -158,6 +159,7 @@ class CudaDevice:
             evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
         train = (peak + _leaf_bytes(fused.graph), "fused training call")
         self._live[(id(compiled), degree)] = max(train, evaluation, key=_bytes)
+        self._copy_bytes[(id(compiled), degree)] = fused.copy_bytes
 
     def _parts(
         self, compiled: CompiledRun, degree: int, moments: int, ranks: int, per_rank: int
@@ -169,6 +171,8 @@ class CudaDevice:
         largest = max((4 * info.size for info in compiled.params.values()), default=0)
         return {
             "parameters": params,
+            # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
+            "parameter copies": self._copy_bytes.get((id(compiled), degree), 0),
             "optimizer": moments * params,
             "gradients": params if self.fuse or per_rank > 1 else 0,
             "constants": constants,
@@ -384,7 +388,8 @@ class CudaDevice:
         for key in [k for k in self._fused if k[0] == id(compiled) and k[2] != degree]:
             del self._fused[key]
         kernels = TorchKernels(compiled, device, where, fused=fused, degree=degree)
-        return TrainState(kernels, TorchOps(device))
+        # The update writes the copies of the parameters the fused call reads.
+        return TrainState(kernels, TorchOps(device, fused.copies if fused is not None else None))
 
 
 def _pattern_lines(graph: Graph) -> list[str]:

@@ -9,15 +9,18 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    normalizations) is written once. Each aten call is renamed
    after the IR node that made it (``ir12__gelu``), so Inductor's provenance
    maps every generated kernel back to IR nodes and their source forms.
-2. **sum in place**: the traced function adds each summed output (the loss,
+2. **rewrite**: the traced step gets cuBLAS's and cuBLASLt's epilogues
+   (`sexpgpu.devices.cuda.fx_rewrites`), and reads each parameter it casts
+   to bf16 from a copy the update keeps (`ParamCopies`) instead of casting;
+3. **sum in place**: the traced function adds each summed output (the loss,
    every gradient) into a buffer the caller passes, so the gradient
    accumulation fuses into the backward's last kernels; where a step is one
    call (`overwrite`), it writes them there instead, and nothing is zeroed.
-3. **compile**: ``torch._inductor.compile`` fuses the elementwise and
+4. **compile**: ``torch._inductor.compile`` fuses the elementwise and
    reduction regions into generated Triton kernels (C++ on the CPU) and
    calls cuBLAS and SDPA for the rest; with a pool of compile workers, in a
    few parts at once (`sexpgpu.devices.cuda.parallel_compile`).
-4. **capture**: on a GPU the second call is captured as a CUDA graph over
+5. **capture**: on a GPU the second call is captured as a CUDA graph over
    static input buffers, and every later call copies its batch in and
    replays it: one launch for the whole call.
 
@@ -50,9 +53,14 @@ from sexpgpu.devices.cuda.compile_worker import (
     warm_up,
 )
 from sexpgpu.devices.cuda.executor import TorchGraph, _feed
-from sexpgpu.devices.cuda.fx_rewrites import bias_adds_onto_products, gelu_into_products
+from sexpgpu.devices.cuda.fx_rewrites import (
+    bias_adds_onto_products,
+    gelu_into_products,
+    param_casts_to_inputs,
+)
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
+from sexpgpu.devices.cuda.param_copies import ParamCopies
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import Op
@@ -146,6 +154,8 @@ class FusedGraph:
         leaves = {n.name: n for n in self.graph.nodes() if n.op in (Op.INPUT, Op.PARAM)}
         self.inputs = [n for n in leaves.values() if n.op is Op.INPUT]
         self.params = [n.name for n in leaves.values() if n.op is Op.PARAM]
+        self.copies = ParamCopies()  # the update writes them (TorchOps.adamw)
+        self.copied: list[str] = []  # the parameters read from their bf16 copies
         self.kernels: list[Kernel] = []
         with _COMPILING:
             self._compiled = self._compile(examples)
@@ -169,7 +179,15 @@ class FusedGraph:
 
     def _flat(self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]) -> list:
         inputs = [_feed(n, feeds, self.device) for n in self.inputs]
-        return [*inputs, *(feeds[p] for p in self.params), *(buffers[s] for s in self.sums)]
+        params = [feeds[p] for p in self.params]
+        copies = [self.copies.of(feeds[p]) for p in self.copied]
+        return [*inputs, *params, *copies, *(buffers[s] for s in self.sums)]
+
+    @property
+    def copy_bytes(self) -> int:
+        """What the parameters' bf16 copies take: they live for the run, beside the parameters."""
+        sizes = {n.name: n.size for n in self.graph.nodes() if n.op is Op.PARAM}
+        return sum(2 * sizes[p] for p in self.copied)
 
     def _traced(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         names = [n.name for n in self.inputs] + self.params
@@ -215,6 +233,13 @@ class FusedGraph:
         self._name_after_ir(gm)
         bias_adds_onto_products(gm)  # a stacked graph's linear layers, as one batch's
         self.gelu_products = gelu_into_products(gm)  # after: it reads the adds on products
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        first = len(self.inputs)
+        copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])
+        self.copied = [self.params[i] for i in copied]
+        leaves = first + len(self.params)
+        copies = [self.copies.of(flat[first + i]) for i in copied]
+        flat = [*flat[:leaves], *copies, *flat[leaves:]]  # as `_flat` orders them
         traced = time.perf_counter()
         try:
             compiled = self._inductor(gm, flat)

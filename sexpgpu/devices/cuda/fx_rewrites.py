@@ -13,6 +13,9 @@ of one unstacked batch.
 `gelu_into_products`: a linear layer's gelu and its gradient go into the
 layer's products (`sexpgpu.devices.cuda.gelu_products`), so that on a GPU
 cuBLASLt's epilogues do them as the products write.
+
+`param_casts_to_inputs`: a parameter's cast to bf16 becomes an input of the
+step, the copy the update writes (`sexpgpu.devices.cuda.param_copies`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torch import fx
 
 from sexpgpu.devices.cuda import gelu_products  # noqa: F401  (registers the ops)
 
-__all__ = ["bias_adds_onto_products", "gelu_into_products"]
+__all__ = ["bias_adds_onto_products", "gelu_into_products", "param_casts_to_inputs"]
 
 _aten = torch.ops.aten
 _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default})
@@ -32,6 +35,8 @@ _PRODUCT = frozenset({_aten.mm.default})
 _GELU = frozenset({_aten.gelu.default})
 _GELU_GRAD = frozenset({_aten.gelu_backward.default})
 _ADD = frozenset({_aten.add.Tensor})
+_CASTS = frozenset({_aten._to_copy.default})
+BF16 = torch.bfloat16
 
 
 def bias_adds_onto_products(gm: fx.GraphModule) -> int:
@@ -70,6 +75,50 @@ def bias_adds_onto_products(gm: fx.GraphModule) -> int:
     if moved:
         gm.recompile()
     return moved
+
+
+def param_casts_to_inputs(gm: fx.GraphModule, params: list[fx.Node]) -> list[int]:
+    """Make each f32 parameter's bf16 casts read a new placeholder instead; which ones did.
+
+    `params` are the parameters' placeholders, in order; the new
+    placeholders follow the last of them, one per parameter cast (in the
+    order of the positions returned). A parameter's other readers keep the
+    f32 placeholder.
+    """
+    graph = gm.graph
+    copied, after = [], params[-1] if params else None
+    for i, param in enumerate(params):
+        casts = [u for u in param.users if _is_bf16_cast(u, param)]
+        if not casts:
+            continue
+        with graph.inserting_after(after):
+            copy = graph.placeholder(f"{param.name}_bf16")
+        copy.meta = dict(casts[0].meta)
+        for cast in casts:
+            cast.replace_all_uses_with(copy)
+            graph.erase_node(cast)
+        copied.append(i)
+        after = copy
+    if copied:
+        graph.lint()
+        gm.recompile()
+    return copied
+
+
+def _is_bf16_cast(node: fx.Node, of: fx.Node) -> bool:
+    """Whether `node` rounds the f32 `of` to bf16 and does nothing else."""
+    if not (_calls(node, _CASTS) and node.args == (of,)) or node.kwargs.get("dtype") is not BF16:
+        return False
+    same = {"dtype", "layout", "device", "memory_format"}  # what ``Tensor.to`` may record
+    val = _val(of)
+    return (
+        val is not None
+        and val.dtype == torch.float32
+        and set(node.kwargs) <= same
+        and node.kwargs.get("layout", torch.strided) == torch.strided
+        and node.kwargs.get("device", val.device) == val.device
+        and node.kwargs.get("memory_format", torch.preserve_format) == torch.preserve_format
+    )
 
 
 def _calls(node: object, targets: frozenset) -> bool:

@@ -1,0 +1,105 @@
+"""The bf16 copies of parameters the fused step reads (`sexpgpu.devices.cuda.param_copies`)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sexpgpu.devices.cuda.param_copies import ParamCopies  # noqa: E402
+
+BF16 = torch.bfloat16
+
+
+def test_a_copy_is_the_cast_and_follows_in_place_writes():
+    copies, p = ParamCopies(), torch.randn(5, 3)
+    first = copies.of(p)
+    assert torch.equal(first, p.to(BF16))
+    p.mul_(3)  # counts up p's version
+    again = copies.of(p)
+    assert again is first and torch.equal(again, p.to(BF16))
+    assert copies.nbytes == 2 * p.numel()
+
+
+def test_a_write_that_bypasses_the_version_counter_must_write_the_copy():
+    copies, p = ParamCopies(), torch.randn(4)
+    copy = copies.of(p)
+    (written,) = copies.written_with([p])
+    assert written is copy
+    p.data.add_(1.0)  # as the update's kernel writes: p's version stays
+    written.copy_(p.data)
+    assert torch.equal(copies.of(p), p.to(BF16))
+    assert copies.written_with([torch.randn(4)]) == [None]  # no copy of a stranger
+
+
+def test_refresh_casts_again_after_a_write_that_made_no_copy():
+    copies, p = ParamCopies(), torch.randn(6)
+    copies.of(p)
+    torch._fused_adamw_(
+        [p], [torch.ones(6)], [torch.zeros(6)], [torch.zeros(6)], [], [torch.ones(())],
+        lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+    )  # fmt: skip
+    copies.refresh([p])
+    assert torch.equal(copies.of(p), p.to(BF16))
+
+
+def test_copies_belong_to_the_tensor_not_its_address():
+    copies = ParamCopies()
+    p = torch.zeros(8)
+    copies.of(p)
+    del p
+    q = torch.ones(8)  # may reuse the freed memory
+    assert torch.equal(copies.of(q), q.to(BF16))
+    assert copies.nbytes == 2 * 8  # the dead parameter's copy went
+
+
+MLP = """
+(defdata digits (digits) :split 0.9)
+(defmodel mlp (x) (-> x (linear 32) gelu (linear 10)))
+(defrun train :model mlp :data digits :loss (cross-entropy (mlp x) y)
+  :optimizer (adamw :lr 1e-2 :weight-decay 0.1) :batch 16 :steps 4 :seed 3 :dtype "bf16")
+"""
+
+
+class _OneRank:
+    size, rank = 1, 0
+
+
+def _program(fuse: bool):
+    from sexpgpu.devices.cuda.device import CudaDevice
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment_text
+    from sexpgpu.runtime.devices import Device
+
+    experiment = load_experiment_text(MLP, "mlp.lisp")
+    compiled = compile_run(experiment, experiment.run())
+    device = CudaDevice("cpu", fuse=fuse)
+    device.plan(compiled, moments=2, ranks=1, memory=None)
+    program = device.load(compiled, Device("cpu", 0))
+    program.start(experiment.run().optimizer, seed=1, state=None)
+    return compiled, program
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler for Inductor")
+def test_a_fused_bf16_step_reads_the_copies_the_update_keeps():
+    compiled, fused = _program(fuse=True)
+    _, eager = _program(fuse=False)
+    step = fused.kernels.fused
+    assert sorted(step.copied) == sorted(compiled.params)  # every weight and bias is cast
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        batch = {"x": rng.standard_normal((16, 64)).astype(np.float32)}
+        batch["y"] = rng.integers(0, 10, 16).astype(np.int32)
+        losses = []
+        for program in (fused, eager):
+            program.accumulate(batch)
+            losses.append(program.reduce(_OneRank(), 1))
+            program.update(1e-2, None)
+        np.testing.assert_allclose(float(losses[0]), float(losses[1]), rtol=1e-2)
+        for name in step.copied:  # current without a cast of their own: the update wrote them
+            p = fused.values[name]
+            assert torch.equal(step.copies._entry(p).copy, p.to(BF16))
+            assert step.copies._entry(p).version == p._version

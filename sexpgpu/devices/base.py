@@ -97,8 +97,12 @@ class Program(Protocol):
         """
         ...
 
-    def update(self, lr: float, clip: float | None) -> float:
-        """Clip the mean gradients (when `clip`), step the optimizer; return the norm before."""
+    def update(self, lr: float, clip: float | None) -> Any:
+        """Clip the mean gradients (when `clip`), step the optimizer; return the norm before.
+
+        The norm may be the device's scalar: ``float(norm)`` waits for it, so
+        a caller reads it once it has queued what comes next.
+        """
         ...
 
     def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:

@@ -185,7 +185,7 @@ class TrainState:
             self.xp.divide(list(grads.values()), microbatches)
         return loss / microbatches
 
-    def update(self, lr: float, clip: float | None) -> float:
+    def update(self, lr: float, clip: float | None) -> Any:
         assert self._sums is not None and self.optimizer is not None
         grads, optimizer, xp = self._sums.grads, self.optimizer, self.xp
         optimizer.advance(lr)
@@ -206,7 +206,7 @@ class TrainState:
             norm = queue()
         self._sums = None
         self._take_events()
-        return float(norm)
+        return norm  # read by the caller once it has queued more (a device's scalar)
 
     # -- evaluation and diagnostics ----------------------------------------------------------
 

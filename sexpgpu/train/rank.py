@@ -44,6 +44,19 @@ _STATUS_EVERY_S = 1.0  # status.json at most this often (and at the end)
 
 
 @dataclass(frozen=True)
+class _Queued:
+    """A step whose update is queued on the device and whose numbers the host has not read."""
+
+    step: int
+    loss: Any  # device scalars (or host numbers): read with float
+    norm: Any
+    lr: float
+    locals: list[dict[str, Any]]  # every rank's peak, events and local diagnostics
+    due: list[Any]  # the diagnostics due at this step
+    batches: list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
 class RunContext:
     """What every rank of one run shares, fixed before the ranks start.
 
@@ -177,20 +190,23 @@ class RankLoop:
         if self.lead:
             self._annotate_start()
         times: list[float] = []
+        began = time.perf_counter()
+        queued: _Queued | None = None
         for index in range(self.start, s.steps):
-            began = time.perf_counter()
-            loss, norm, lr, extras = self._step(index)
-            step = index + 1
-            elapsed = time.perf_counter() - began
-            times.append(elapsed)
-            if self.lead:
-                self._record(step, loss, norm, lr, elapsed, times, extras)
-            if s.eval_every and (step % s.eval_every == 0 or step == s.steps) and self.lead:
-                self._evaluate(step)
-            if s.checkpoint_every and (step % s.checkpoint_every == 0 or step == s.steps):
-                self._checkpoint(step)
-            if self.lead and self.run_ctx.on_step is not None:
-                self.run_ctx.on_step(self._report(step, loss, lr, norm, elapsed, times))
+            # The next step's microbatches are queued before the host reads the last
+            # step's numbers, so the device computes while the host waits and records.
+            # Not past a step whose evaluation, checkpoint or activations need the
+            # device's memory (the plan holds one of them at a time).
+            if queued is not None and self._host_work_due(queued.step):
+                began, queued = self._conclude(queued, began, times), None
+            batches = self.loader.next_step()
+            for batch in batches:
+                self.program.accumulate(batch)
+            if queued is not None:
+                began = self._conclude(queued, began, times)
+            queued = self._update(index, batches)
+        if queued is not None:
+            self._conclude(queued, began, times)
         if self.lead:
             self._finish()
         return RunSummary(
@@ -203,12 +219,22 @@ class RankLoop:
             memory=self._peak_line(),
         )
 
-    def _step(self, index: int) -> tuple[float, float, float, dict[str, Any]]:
-        """One optimizer step: local sums, all-reduce, mean, clip, update (on the device)."""
+    def _host_work_due(self, step: int) -> bool:
+        """Whether `step` evaluates, checkpoints or samples activations once it is done."""
+        s = self.s
+        last = step == s.steps
+        return (
+            bool(s.eval_every and (step % s.eval_every == 0 or last) and self.lead)
+            or bool(s.checkpoint_every and (step % s.checkpoint_every == 0 or last))
+            or any(d.name == "activation-rms" and step % d.every == 0 for d in self.diagnostics)
+        )
+
+    def _update(self, index: int, batches: list[dict[str, np.ndarray]]) -> _Queued:
+        """The rest of step `index` once its microbatches are summed: all-reduce, mean, update.
+
+        Queued on the device: the loss and the norm are read by `_conclude`.
+        """
         program = self.program
-        batches = self.loader.next_step()
-        for batch in batches:
-            program.accumulate(batch)
         step = index + 1
         local = {"peak": program.take_peak(), "events": list(program.events)}
         program.events.clear()
@@ -221,9 +247,20 @@ class RankLoop:
             locals_ = [x for node in self.link.allgather(locals_) for x in node]
         lr = self.schedule(index)
         norm = program.update(lr, self.s.clip)
-        # Read once the update is queued, so a GPU does not wait for the host
-        # in between; a diverged run stops here, and no checkpoint holds it.
-        loss = float(loss)
+        return _Queued(step, loss, norm, lr, locals_, due, batches)
+
+    def _conclude(self, queued: _Queued, began: float, times: list[float]) -> float:
+        """Read a queued step's numbers, record them, evaluate and checkpoint where due.
+
+        A diverged run stops here, before the next update, and no checkpoint
+        holds it. Nothing is queued behind a step that evaluates or
+        checkpoints (`_host_work_due`), so both see the state after its
+        update and the loader where the step left it. Returns when the next
+        step's time starts.
+        """
+        step = queued.step
+        loss, norm = float(queued.loss), float(queued.norm)  # the device's step ends here
+        elapsed = time.perf_counter() - began
         if not math.isfinite(loss):
             raise SexpgpuError(
                 "E-TRAIN-002",
@@ -231,17 +268,29 @@ class RankLoop:
                 getattr(self.s.optimizer, "span", None),
                 hint="lower :lr, add :clip 1.0, or add warmup to the schedule",
             )
+        locals_ = queued.locals
         extras = {"peak": max(x["peak"] for x in locals_), "diagnostics": {}}
         extras["events"] = [line for x in locals_ for line in x["events"]]
-        for d in due:
+        for d in queued.due:
             if d.name == "grad-norm":
                 values = [x["grad-norm"] for x in locals_]
                 extras["diagnostics"][d.name] = REDUCERS[d.reduce or "mean"](values)
             elif d.name == "activation-rms" and self.lead:
                 # Only rank 0 samples activations: one microbatch is a fair sample.
-                values = program.activation_rms(batches[0])
+                values = self.program.activation_rms(queued.batches[0])
                 extras["diagnostics"] |= {f"{d.name}/{k}": float(v) for k, v in values.items()}
-        return loss, norm, lr, extras
+        times.append(elapsed)
+        s, next_began = self.s, time.perf_counter()
+        if self.lead:
+            self._record(step, loss, norm, queued.lr, elapsed, times, extras)
+        if s.eval_every and (step % s.eval_every == 0 or step == s.steps) and self.lead:
+            self._evaluate(step)
+        if s.checkpoint_every and (step % s.checkpoint_every == 0 or step == s.steps):
+            self._checkpoint(step)
+        if self.lead and self.run_ctx.on_step is not None:
+            self.run_ctx.on_step(self._report(step, loss, queued.lr, norm, elapsed, times))
+        # Time spent evaluating or checkpointing is no step's.
+        return time.perf_counter() if self._host_work_due(step) else next_began
 
     # -- records (rank 0) -----------------------------------------------------------------
 

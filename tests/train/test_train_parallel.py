@@ -181,3 +181,43 @@ def test_nccl_sum_falls_back_to_the_group_off_the_gpus():
 def test_the_device_kind_chooses_the_local_sum():
     assert type(local_sum("cpu")).__name__ == "GroupSum"
     assert type(local_sum("cuda")).__name__ == "NcclSum"
+
+
+class _Logged(TrainState):
+    """Logs when each step's microbatches are queued, its update queued and its norm read."""
+
+    def __init__(self, kernels, log):
+        super().__init__(kernels)
+        self.log, self.steps = log, 0
+
+    def accumulate(self, batch):
+        super().accumulate(batch)
+        self.log.append(("accumulate", self.steps + 1))
+
+    def update(self, lr, clip):
+        norm = super().update(lr, clip)
+        self.steps += 1
+        self.log.append(("update", self.steps))
+        return _Read(norm, self.steps, self.log)
+
+
+class _Read:
+    def __init__(self, value, step, log):
+        self.value, self.step, self.log = value, step, log
+
+    def __float__(self):
+        self.log.append(("read", self.step))
+        return float(self.value)
+
+
+def test_the_next_steps_microbatches_are_queued_before_the_host_reads_a_step(tmp_path):
+    log = []
+    s = _settings(microbatches=1, steps=5, eval_every=3, eval_batches=1)
+    _trainer(tmp_path, s, ("cpu:0",), "run", make=lambda rank: _Logged(Mlp(batch=16), log)).run()
+    at = {event: i for i, event in enumerate(log)}
+    assert len(at) == len(log) == 15
+    for n in (1, 2, 4):  # queued ahead: the host reads step n while step n + 1 computes
+        assert at[("update", n)] < at[("accumulate", n + 1)] < at[("read", n)]
+        assert at[("read", n)] < at[("update", n + 1)]
+    assert at[("read", 3)] < at[("accumulate", 4)]  # it evaluates: nothing queued behind it
+    assert at[("update", 5)] < at[("read", 5)]

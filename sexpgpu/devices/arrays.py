@@ -115,6 +115,14 @@ class ArrayOps(Protocol):
         """How many rows' argmax over the last axis of `output` equals `target` (host ints)."""
         ...
 
+    def read_later(self, x: Any) -> Any:
+        """`x` (a number or a device scalar) on its way to the host, behind what is queued now.
+
+        ``float()`` of the result waits only for the work queued before this
+        call, not for what the caller queues after it (the next step).
+        """
+        ...
+
     def divide(self, xs: Sequence[Any], divisor: float) -> None:
         """``x /= divisor`` for every array of `xs`, in place."""
         ...
@@ -167,6 +175,9 @@ class NumpyOps:
 
     def argmax_hits(self, output: np.ndarray, target: np.ndarray) -> int:
         return int(np.sum(np.argmax(output, axis=-1) == target))
+
+    def read_later(self, x: Any) -> Any:
+        return x  # already on the host
 
     def scalars(self, name: str, **values: float) -> dict[str, Any]:
         return values

@@ -183,7 +183,7 @@ class TrainState:
         self._sums.grads = grads
         if microbatches != 1:
             self.xp.divide(list(grads.values()), microbatches)
-        return loss / microbatches
+        return self.xp.read_later(loss / microbatches)
 
     def update(self, lr: float, clip: float | None) -> Any:
         assert self._sums is not None and self.optimizer is not None
@@ -206,7 +206,7 @@ class TrainState:
             norm = queue()
         self._sums = None
         self._take_events()
-        return norm  # read by the caller once it has queued more (a device's scalar)
+        return self.xp.read_later(norm)  # the caller reads it once it has queued more
 
     # -- evaluation and diagnostics ----------------------------------------------------------
 

@@ -105,3 +105,21 @@ def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monke
     np.testing.assert_array_equal(runs["replayed"], runs["plain"])
     assert "update: captured as a CUDA graph" in notes["replayed"]
     assert "update: captured" not in notes["plain"]
+
+
+def test_a_number_read_later_on_the_cpu_is_the_number():
+    xp = TorchOps(torch.device("cpu"))
+    assert float(xp.read_later(torch.tensor(2.5))) == 2.5
+    assert xp.read_later(1.5) == 1.5
+
+
+@GPU
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_number_read_later_waits_only_for_the_work_queued_before_it():
+    xp = TorchOps(torch.device("cuda"))
+    x = torch.full((), 3.0, device="cuda")
+    later = xp.read_later(x * 2)
+    torch.cuda._sleep(2_000_000_000)  # a second or so of the GPU, queued after
+    assert float(later) == 6.0
+    assert not torch.cuda.current_stream().query()  # still asleep: the read did not wait
+    torch.cuda.synchronize()

@@ -138,6 +138,27 @@ class TorchOps:
             return x if x is None else x.float()
         return torch.full((), float(x), dtype=torch.float32, device=self.device)
 
+    def read_later(self, x: Any) -> Any:
+        # A synchronous read queues its copy behind everything: the next step's too.
+        if not isinstance(x, torch.Tensor) or x.device.type != "cuda":
+            return x
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return _OnItsWay(host, copied)
+
     def argmax_hits(self, output: torch.Tensor, target: np.ndarray) -> int:
         truth = torch.from_numpy(np.asarray(target, np.int64)).to(output.device)
         return int(torch.sum(torch.argmax(output, dim=-1) == truth))
+
+
+class _OnItsWay:
+    """A device scalar being copied to page-locked host memory; ``float()`` waits for the copy."""
+
+    def __init__(self, host: torch.Tensor, copied: Any) -> None:
+        self._host, self._copied = host, copied
+
+    def __float__(self) -> float:
+        self._copied.synchronize()
+        return float(self._host)

@@ -36,8 +36,12 @@ class Epilogue:
 # cublasLt.h: cublasLtMatmulDescAttributes_t, cublasLtMatmulPreferenceAttributes_t,
 # cudaDataType_t, cublasComputeType_t.
 _TRANSA, _TRANSB, _EPILOGUE, _BIAS_POINTER, _AUX_POINTER, _AUX_LD = 3, 4, 7, 8, 11, 12
-_PREF_WORKSPACE = 1
+_PREF_WORKSPACE, _PREF_REDUCTION_SCHEMES = 1, 3
 _PREF_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
+# cublasLtReductionScheme_t: a split sum reduced in the compute or the output
+# type, through the workspace (2, 4), never accumulated in place in the output
+# (1), whose order varies run to run: the same inputs give the same bits.
+_SAME_BITS_EVERY_RUN = 2 | 4
 _COMPUTE_32F, _R_32F = 68, 0
 _TYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
 # PyTorch gives its cuBLASLt handles 1 MiB on an H200 (dev/memory_peak.py); the
@@ -160,6 +164,7 @@ def _plan(device, dtype, a_op, b_op, m, n, epilogue, aux_ld, align) -> _Plan | N
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     pset = lib.cublasLtMatmulPreferenceSetAttribute
     _set(pset, pref, _PREF_WORKSPACE, WORKSPACE, ctypes.c_uint64)
+    _set(pset, pref, _PREF_REDUCTION_SCHEMES, _SAME_BITS_EVERY_RUN, ctypes.c_uint32)
     for key, bytes_ in zip(("b", "a", "c", "d"), align, strict=True):
         _set(pset, pref, _PREF_ALIGNMENT[key], bytes_, ctypes.c_uint32)
     result = (ctypes.c_uint8 * _HEURISTIC_BYTES)()

@@ -2,7 +2,7 @@
 
 On PyTorch's CPU device the update runs as written; the tests marked ``gpu``
 capture it and check that the replays compute what plain calls compute,
-bit for bit, in a whole training run too.
+bit for bit, and a whole training run to one rounding.
 """
 
 from __future__ import annotations
@@ -102,7 +102,11 @@ def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monke
         runs[name] = np.array([values[s] for s in sorted(values)])
         notes[name] = (tmp_path / name / "metrics.jsonl").read_text()
     monkeypatch.setattr(Replay, "__call__", plain)
-    np.testing.assert_array_equal(runs["replayed"], runs["plain"])
+    # Two runs of one file in one process can differ in the last bit whether or not
+    # the update is replayed (seen on an H200: runs 1 and 3 of four agreed, 2 and 4
+    # differed from them by 1.2e-7 at steps 5 and 6, replayed or not), so across runs
+    # the replay is held to one rounding; the calls above hold it to the bit.
+    np.testing.assert_allclose(runs["replayed"], runs["plain"], rtol=1e-6, atol=0)
     assert "update: captured as a CUDA graph" in notes["replayed"]
     assert "update: captured" not in notes["plain"]
 

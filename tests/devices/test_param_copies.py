@@ -15,44 +15,45 @@ BF16 = torch.bfloat16
 
 
 def test_a_copy_is_the_cast_and_follows_in_place_writes():
-    copies, p = ParamCopies(), torch.randn(5, 3)
-    first = copies.of(p)
-    assert torch.equal(first, p.to(BF16))
+    copies, p, q = ParamCopies(), torch.randn(5, 3), torch.randn(2)
+    first, other = copies.current([p, q])
+    assert torch.equal(first, p.to(BF16)) and torch.equal(other, q.to(BF16))
     p.mul_(3)  # counts up p's version
-    again = copies.of(p)
+    again, same = copies.current([p, q])
     assert again is first and torch.equal(again, p.to(BF16))
-    assert copies.nbytes == 2 * p.numel()
+    assert same is other and torch.equal(same, q.to(BF16))
+    assert copies.nbytes == 2 * (p.numel() + q.numel())
 
 
 def test_a_write_that_bypasses_the_version_counter_must_write_the_copy():
     copies, p = ParamCopies(), torch.randn(4)
-    copy = copies.of(p)
+    (copy,) = copies.current([p])
     (written,) = copies.written_with([p])
     assert written is copy
     p.data.add_(1.0)  # as the update's kernel writes: p's version stays
     written.copy_(p.data)
-    assert torch.equal(copies.of(p), p.to(BF16))
+    assert torch.equal(copies.current([p])[0], p.to(BF16))
     assert copies.written_with([torch.randn(4)]) == [None]  # no copy of a stranger
 
 
 def test_refresh_casts_again_after_a_write_that_made_no_copy():
     copies, p = ParamCopies(), torch.randn(6)
-    copies.of(p)
+    copies.current([p])
     torch._fused_adamw_(
         [p], [torch.ones(6)], [torch.zeros(6)], [torch.zeros(6)], [], [torch.ones(())],
         lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
     )  # fmt: skip
     copies.refresh([p])
-    assert torch.equal(copies.of(p), p.to(BF16))
+    assert torch.equal(copies.current([p])[0], p.to(BF16))
 
 
 def test_copies_belong_to_the_tensor_not_its_address():
     copies = ParamCopies()
     p = torch.zeros(8)
-    copies.of(p)
+    copies.current([p])
     del p
     q = torch.ones(8)  # may reuse the freed memory
-    assert torch.equal(copies.of(q), q.to(BF16))
+    assert torch.equal(copies.current([q])[0], q.to(BF16))
     assert copies.nbytes == 2 * 8  # the dead parameter's copy went
 
 

@@ -180,7 +180,7 @@ class FusedGraph:
     def _flat(self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]) -> list:
         inputs = [_feed(n, feeds, self.device) for n in self.inputs]
         params = [feeds[p] for p in self.params]
-        copies = [self.copies.of(feeds[p]) for p in self.copied]
+        copies = self.copies.current([feeds[p] for p in self.copied])
         return [*inputs, *params, *copies, *(buffers[s] for s in self.sums)]
 
     @property
@@ -238,7 +238,7 @@ class FusedGraph:
         copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])
         self.copied = [self.params[i] for i in copied]
         leaves = first + len(self.params)
-        copies = [self.copies.of(flat[first + i]) for i in copied]
+        copies = self.copies.current([flat[first + i] for i in copied])
         flat = [*flat[:leaves], *copies, *flat[leaves:]]  # as `_flat` orders them
         traced = time.perf_counter()
         try:

@@ -15,7 +15,7 @@ A copy is current by one of two means:
   does too: its own kernel, PyTorch's fused AdamW and a replay all write
   parameters without counting up their ``_version``;
 - PyTorch's other in-place ops (an sgd step's) count up the parameter's
-  ``_version``: `of` sees the change and casts again.
+  ``_version``: `current` sees the change and casts again.
 
 Copies belong to the parameter tensor itself (a weak reference, not its
 address: memory a freed parameter leaves may come back as another's).
@@ -51,18 +51,18 @@ class ParamCopies:
         entry = self._made.get(id(param))
         return entry if entry is not None and entry.param() is param else None
 
-    def of(self, param: torch.Tensor) -> torch.Tensor:
-        """The copy of `param`, made or cast again where `param` changed since."""
-        entry = self._entry(param)
-        if entry is None:
-            # Copies of parameters gone (the plan's dry calls, a resume's old ones) go first.
-            self._made = {k: e for k, e in self._made.items() if e.param() is not None}
-            entry = _Copy(weakref.ref(param), torch.empty_like(param, dtype=DTYPE), -1)
-            self._made[id(param)] = entry
-        if entry.version != param._version:
-            entry.copy.copy_(param)
-            entry.version = param._version
-        return entry.copy
+    def current(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The copies of `params`, made or cast again (all in one launch) where they changed."""
+        entries = [self._entry(p) or self._made_for(p) for p in params]
+        self.refresh([p for p, e in zip(params, entries, strict=True) if e.version != p._version])
+        return [e.copy for e in entries]
+
+    def _made_for(self, param: torch.Tensor) -> _Copy:
+        # Copies of parameters gone (the plan's dry calls, a resume's old ones) go first.
+        self._made = {k: e for k, e in self._made.items() if e.param() is not None}
+        entry = _Copy(weakref.ref(param), torch.empty_like(param, dtype=DTYPE), -1)
+        self._made[id(param)] = entry
+        return entry
 
     def written_with(self, params: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
         """Each parameter's copy (None where it has none), which the caller writes with it."""

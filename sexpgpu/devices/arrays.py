@@ -66,6 +66,9 @@ class ArrayOps(Protocol):
     """
 
     events: list[str]
+    # Whether its calls only queue work (a GPU's stream) rather than compute it
+    # before they return: then a run reads each step's numbers a step later.
+    asynchronous: bool
 
     def zeros(self, shape: tuple[int, ...]) -> Any:
         """A float32 array of zeros on the device."""
@@ -157,6 +160,7 @@ class NumpyOps:
 
     def __init__(self) -> None:
         self.events: list[str] = []  # nothing to say: NumPy's update runs as written
+        self.asynchronous = False
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, np.float32)

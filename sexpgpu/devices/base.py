@@ -74,6 +74,9 @@ class Program(Protocol):
 
     params: Mapping[str, ParamInfo]
     events: list[str]  # ``memory: allocation failed ...`` lines not yet recorded
+    # Whether its calls only queue work on the device: a run then queues the next
+    # step's microbatches before it reads a step's numbers (`sexpgpu.train.rank`).
+    asynchronous: bool
 
     def start(self, optimizer: Any, *, seed: int, state: HostState | None) -> None:
         """Make the parameters from `seed` (or load `state`) and the optimizer, on the device."""

@@ -208,6 +208,10 @@ class TrainState:
         self._take_events()
         return self.xp.read_later(norm)  # the caller reads it once it has queued more
 
+    @property
+    def asynchronous(self) -> bool:
+        return bool(self.xp.asynchronous)
+
     # -- evaluation and diagnostics ----------------------------------------------------------
 
     def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:

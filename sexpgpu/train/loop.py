@@ -9,11 +9,12 @@ device's parameters, gradients and optimizer) and loader share::
         every rank:  mean over all microbatches, clip, optimizer update
         rank 0:      metrics, status, eval, checkpoint (of node 0)
 
-The host reads a step's loss and norm only once the next step's microbatches
-are queued, so the device computes while the host waits, records and loads
-the next batch (not past a step that evaluates or checkpoints: those run with
-nothing queued, as the memory plan has them). A diverged loss still stops the
-run before the next update.
+On a device that queues its work (a GPU), the host reads a step's loss and
+norm only once the next step's microbatches are queued, so the device
+computes while the host waits, records and loads the next batch (not past a
+step that evaluates or checkpoints: those run with nothing queued, as the
+memory plan has them). A diverged loss still stops the run before the next
+update.
 
 The ranks' updates are identical, so their parameters stay equal; at each
 checkpoint the ranks' digests are compared (E-DP-004 when they differ) and

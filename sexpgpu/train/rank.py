@@ -193,11 +193,11 @@ class RankLoop:
         began = time.perf_counter()
         queued: _Queued | None = None
         for index in range(self.start, s.steps):
-            # The next step's microbatches are queued before the host reads the last
-            # step's numbers, so the device computes while the host waits and records.
-            # Not past a step whose evaluation, checkpoint or activations need the
-            # device's memory (the plan holds one of them at a time).
-            if queued is not None and self._host_work_due(queued.step):
+            # On a device that queues, the next step's microbatches are queued before
+            # the host reads the last step's numbers, so the device computes while
+            # the host waits and records (a device that computes as called gains
+            # nothing, and its step times would shift by a step).
+            if queued is not None and not self._queue_behind(queued.step):
                 began, queued = self._conclude(queued, began, times), None
             batches = self.loader.next_step()
             for batch in batches:
@@ -219,15 +219,21 @@ class RankLoop:
             memory=self._peak_line(),
         )
 
-    def _host_work_due(self, step: int) -> bool:
-        """Whether `step` evaluates, checkpoints or samples activations once it is done."""
+    def _queue_behind(self, step: int) -> bool:
+        """Whether the next step may be queued before `step`'s numbers are read.
+
+        Not on a device that computes as called, and not past a step that
+        evaluates, checkpoints or samples activations: those need the
+        device's memory, and the plan holds one of them at a time.
+        """
         s = self.s
         last = step == s.steps
-        return (
+        host_work = (
             bool(s.eval_every and (step % s.eval_every == 0 or last) and self.lead)
             or bool(s.checkpoint_every and (step % s.checkpoint_every == 0 or last))
             or any(d.name == "activation-rms" and step % d.every == 0 for d in self.diagnostics)
         )
+        return bool(self.program.asynchronous) and not host_work
 
     def _update(self, index: int, batches: list[dict[str, np.ndarray]]) -> _Queued:
         """The rest of step `index` once its microbatches are summed: all-reduce, mean, update.
@@ -254,7 +260,7 @@ class RankLoop:
 
         A diverged run stops here, before the next update, and no checkpoint
         holds it. Nothing is queued behind a step that evaluates or
-        checkpoints (`_host_work_due`), so both see the state after its
+        checkpoints (`_queue_behind`), so both see the state after its
         update and the loader where the step left it. Returns when the next
         step's time starts.
         """
@@ -290,7 +296,7 @@ class RankLoop:
         if self.lead and self.run_ctx.on_step is not None:
             self.run_ctx.on_step(self._report(step, loss, queued.lr, norm, elapsed, times))
         # Time spent evaluating or checkpointing is no step's.
-        return time.perf_counter() if self._host_work_due(step) else next_began
+        return next_began if self._queue_behind(step) else time.perf_counter()
 
     # -- records (rank 0) -----------------------------------------------------------------
 

@@ -184,11 +184,18 @@ def test_the_device_kind_chooses_the_local_sum():
 
 
 class _Logged(TrainState):
-    """Logs when each step's microbatches are queued, its update queued and its norm read."""
+    """Logs when each step's microbatches are queued, its update queued and its norm read.
 
-    def __init__(self, kernels, log):
+    `asynchronous` says whether it stands for a device that only queues its work.
+    """
+
+    def __init__(self, kernels, log, asynchronous):
         super().__init__(kernels)
-        self.log, self.steps = log, 0
+        self.log, self.steps, self._queues = log, 0, asynchronous
+
+    @property
+    def asynchronous(self):
+        return self._queues
 
     def accumulate(self, batch):
         super().accumulate(batch)
@@ -210,14 +217,26 @@ class _Read:
         return float(self.value)
 
 
-def test_the_next_steps_microbatches_are_queued_before_the_host_reads_a_step(tmp_path):
+def _order(tmp_path, asynchronous):
     log = []
     s = _settings(microbatches=1, steps=5, eval_every=3, eval_batches=1)
-    _trainer(tmp_path, s, ("cpu:0",), "run", make=lambda rank: _Logged(Mlp(batch=16), log)).run()
+    make = lambda rank: _Logged(Mlp(batch=16), log, asynchronous)  # noqa: E731
+    _trainer(tmp_path, s, ("cpu:0",), "run", make=make).run()
     at = {event: i for i, event in enumerate(log)}
     assert len(at) == len(log) == 15
+    return at
+
+
+def test_the_next_steps_microbatches_are_queued_before_the_host_reads_a_step(tmp_path):
+    at = _order(tmp_path, asynchronous=True)
     for n in (1, 2, 4):  # queued ahead: the host reads step n while step n + 1 computes
         assert at[("update", n)] < at[("accumulate", n + 1)] < at[("read", n)]
         assert at[("read", n)] < at[("update", n + 1)]
     assert at[("read", 3)] < at[("accumulate", 4)]  # it evaluates: nothing queued behind it
     assert at[("update", 5)] < at[("read", 5)]
+
+
+def test_a_device_that_computes_as_called_reads_each_step_before_the_next(tmp_path):
+    at = _order(tmp_path, asynchronous=False)
+    for n in range(1, 5):
+        assert at[("update", n)] < at[("read", n)] < at[("accumulate", n + 1)]

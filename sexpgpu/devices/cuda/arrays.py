@@ -29,6 +29,7 @@ class TorchOps:
         self.copies = copies if copies is not None else ParamCopies()
         self._scalars: dict[tuple[str, str], torch.Tensor] = {}
         self.events: list[str] = []
+        self.asynchronous = self.device.type == "cuda"  # PyTorch's CPU device computes as called
         self.replay = Replay(self.device, self.events)
         # AdamW in one launch on a GPU (`adamw`); PyTorch's multi-tensor kernels on the CPU.
         self._one_launch = self.device.type == "cuda" and triton_support.available(self.device)

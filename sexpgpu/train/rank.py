@@ -226,14 +226,20 @@ class RankLoop:
         evaluates, checkpoints or samples activations: those need the
         device's memory, and the plan holds one of them at a time.
         """
-        s = self.s
-        last = step == s.steps
         host_work = (
-            bool(s.eval_every and (step % s.eval_every == 0 or last) and self.lead)
-            or bool(s.checkpoint_every and (step % s.checkpoint_every == 0 or last))
+            self._evaluates(step)
+            or self._checkpoints(step)
             or any(d.name == "activation-rms" and step % d.every == 0 for d in self.diagnostics)
         )
         return bool(self.program.asynchronous) and not host_work
+
+    def _evaluates(self, step: int) -> bool:
+        every = self.s.eval_every
+        return bool(every and (step % every == 0 or step == self.s.steps) and self.lead)
+
+    def _checkpoints(self, step: int) -> bool:
+        every = self.s.checkpoint_every
+        return bool(every and (step % every == 0 or step == self.s.steps))
 
     def _update(self, index: int, batches: list[dict[str, np.ndarray]]) -> _Queued:
         """The rest of step `index` once its microbatches are summed: all-reduce, mean, update.
@@ -286,12 +292,12 @@ class RankLoop:
                 values = self.program.activation_rms(queued.batches[0])
                 extras["diagnostics"] |= {f"{d.name}/{k}": float(v) for k, v in values.items()}
         times.append(elapsed)
-        s, next_began = self.s, time.perf_counter()
+        next_began = time.perf_counter()
         if self.lead:
             self._record(step, loss, norm, queued.lr, elapsed, times, extras)
-        if s.eval_every and (step % s.eval_every == 0 or step == s.steps) and self.lead:
+        if self._evaluates(step):
             self._evaluate(step)
-        if s.checkpoint_every and (step % s.checkpoint_every == 0 or step == s.steps):
+        if self._checkpoints(step):
             self._checkpoint(step)
         if self.lead and self.run_ctx.on_step is not None:
             self.run_ctx.on_step(self._report(step, loss, queued.lr, norm, elapsed, times))

@@ -3,7 +3,7 @@
     python3 dev/gpt_profile.py [--batch 16] [--microbatches 1]
                                [--side sexpgpu|reduce-overhead|default|eager]
                                [--inductor KEY=VALUE ...] [--gelu-apart [backward]]
-                               [--casts]
+                               [--casts] [--sums-apart] [--run-loop]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
@@ -14,7 +14,11 @@ them. `--gelu-apart` keeps gelu and its gradient out of the products
 (no `gelu_into_products` rewrite), to measure what it gives;
 `--gelu-apart backward` only the gradient. `--casts` keeps the step's
 casts of the parameters (no `param_casts_to_inputs`: no copies written by
-the update). `--batch` is
+the update). `--sums-apart` keeps the weight gradients' products apart
+from their buffers (no `products_into_sums`: a cast and a write each).
+`--run-loop` profiles steps 6 to 9 of the run loop itself (`prepare_run`,
+as benches/gpt2_cuda.py's sexpgpu side: loader, records, the loss read a
+step behind) instead of the step called back to back. `--batch` is
 one microbatch's rows; with `--microbatches` above 1
 sexpgpu's device picks the stacking (the peers run all the rows as one
 batch). For sexpgpu it also times the step's parts back to back: the fused
@@ -26,7 +30,7 @@ import argparse
 import ast
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from itertools import pairwise
 
 import numpy as np
@@ -50,11 +54,17 @@ parser.add_argument("--side", default="sexpgpu")
 parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
 parser.add_argument("--gelu-apart", nargs="?", const="all", choices=["all", "backward"])
 parser.add_argument("--casts", action="store_true")
+parser.add_argument("--sums-apart", action="store_true")
+parser.add_argument("--run-loop", action="store_true")
 args = parser.parse_args()
 if args.casts:
     import sexpgpu.devices.cuda.fused as fused
 
     fused.param_casts_to_inputs = lambda gm, params: []
+if args.sums_apart:
+    import sexpgpu.devices.cuda.fused as fused
+
+    fused.products_into_sums = lambda gm: 0
 if args.gelu_apart:
     import sexpgpu.devices.cuda.fused as fused
     from sexpgpu.devices.cuda.fx_rewrites import gelu_into_products
@@ -70,6 +80,70 @@ for setting in args.inductor:
     for part in path:
         target = getattr(target, part)
     setattr(target, last, ast.literal_eval(value))  # True, 2, "name"
+
+
+def analyse(p, wall: float) -> None:
+    """GPU time by kind, the GPU's idle gaps and what memsets come before, over `p`'s events."""
+    kinds = defaultdict(float)
+    for e in p.key_averages():
+        # Self time: an aten op's own is 0, its kernels carry theirs.
+        gpu = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) / 1e3
+        if gpu <= 0:
+            continue
+        name = e.key.lower()
+        if "flash" in name or "fmha" in name or "attention" in name:
+            kinds["attention"] += gpu
+        elif any(k in name for k in ("gemm", "cutlass", "sm90", "nvjet", "cublas")):
+            kinds["matmul"] += gpu
+        elif name.startswith("triton"):
+            kinds["fused (Triton)"] += gpu
+        else:
+            kinds["other: " + e.key[:50]] += gpu
+    total = sum(kinds.values())
+    for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"{kind:60s} {ms:8.2f} ms")
+    print(f"GPU busy {total:.1f} ms of {wall:.1f} ms wall: gaps and host {wall - total:.1f} ms")
+    # Where the GPU waits: the gaps between its kernels over the profiled step, the longest first.
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in p.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    gaps, end, before = [], None, ""
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            gaps.append((start - end, before, name))
+        if end is None or stop > end:
+            end, before = stop, name
+    idle = sum(g for g, _, _ in gaps)
+    # What each memset (and each copy on the device) comes before: who asked for it.
+    after_memset: defaultdict = defaultdict(int)
+    for (_, _, name), (_, _, following) in pairwise(spans):
+        if name.startswith(("Memset", "Memcpy")):
+            after_memset[f"{name[:20]} before {following[:60]}"] += 1
+    for what, count in sorted(after_memset.items(), key=lambda kv: -kv[1])[:8]:
+        print(f"  x{count} {what}")
+    print(f"GPU idle between kernels {idle / 1e3:.2f} ms in {len(gaps)} gaps; longest:")
+    for gap, before, after in sorted(gaps, reverse=True)[:8]:
+        print(f"  {gap:8.1f} us after {before[:50]} before {after[:50]}")
+
+
+def memsets_by_op(p) -> None:
+    """Which ops' calls launch memsets (a plain call, not a replay, so the host's ops show)."""
+    found: Counter = Counter()
+    for e in p.events():
+        if not any(k.name.startswith("Memset") for k in getattr(e, "kernels", [])):
+            continue
+        op = e
+        while op is not None and not op.name.startswith(("aten::", "sexpgpu::")):
+            op = op.cpu_parent
+        op = op or e
+        found[f"{op.name} {op.input_shapes}"[:150]] += 1
+    print(f"memsets in a plain call: {sum(found.values())}, by the op that launched them:")
+    for what, count in found.most_common(12):
+        print(f"  x{count} {what}")
+
+
 shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
 rng = np.random.default_rng(0)
 micro = args.microbatches
@@ -81,6 +155,49 @@ class Ctx:
     size = 1
     rank = 0
 
+
+def profile_run_loop(first: int = 6, last: int = 9) -> None:
+    """Steps `first` to `last` of a run as the product runs it, under the profiler."""
+    import tempfile
+    from pathlib import Path
+
+    from sexpgpu.train import prepare_run
+
+    profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    clock_at: dict[str, float] = {}
+
+    def on_step(report) -> None:  # after the step's numbers are read (the next step is queued)
+        if report.step == first - 1:
+            profiler.start()
+            clock_at["start"] = time.perf_counter()
+        elif report.step == last:
+            torch.cuda.synchronize()
+            clock_at["stop"] = time.perf_counter()
+            profiler.stop()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gpt.lisp"
+        path.write_text(
+            GPT.format(**shape, batch=args.batch, microbatches=micro, steps=last + 2, dtype="bf16")
+        )
+        prepare_run(path, out=Path(tmp) / "run", device="cuda", on_step=on_step).run()
+    steps = last - first + 1
+    wall = (clock_at["stop"] - clock_at["start"]) * 1e3
+    print(f"run loop, steps {first} to {last}: {wall / steps:.2f} ms a step")
+    analyse(profiler, wall)
+    host = sorted(
+        (e for e in profiler.key_averages() if e.self_cpu_time_total > 0),
+        key=lambda e: -e.self_cpu_time_total,
+    )
+    print("the host's time by call (self), per step:")
+    for e in host[:15]:
+        ms = e.self_cpu_time_total / 1e3 / steps
+        print(f"  {e.key[:60]:60s} {ms:8.2f} ms x{e.count // steps}")
+
+
+if args.run_loop:
+    profile_run_loop()
+    sys.exit(0)
 
 if args.side == "sexpgpu":
     text = GPT.format(**shape, batch=args.batch, microbatches=micro, steps=10, dtype="bf16")
@@ -150,51 +267,14 @@ if args.side == "sexpgpu":
         f"parts back to back: fused call {call:.2f} ms, update {update:.2f} ms; "
         f"the step's host share {wall - call - update:.2f} ms"
     )
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as q:
+        fused._compiled(*fused._flat({**stacked, **prog.values}, buffers))
+        torch.cuda.synchronize()
+    memsets_by_op(q)
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
     step()
     torch.cuda.synchronize()
-kinds = defaultdict(float)
-for e in p.key_averages():
-    # Self time: an aten op's own is 0, its kernels carry theirs.
-    gpu = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) / 1e3
-    if gpu <= 0:
-        continue
-    name = e.key.lower()
-    if "flash" in name or "fmha" in name or "attention" in name:
-        kinds["attention"] += gpu
-    elif any(k in name for k in ("gemm", "cutlass", "sm90", "nvjet", "cublas")):
-        kinds["matmul"] += gpu
-    elif name.startswith("triton"):
-        kinds["fused (Triton)"] += gpu
-    else:
-        kinds["other: " + e.key[:50]] += gpu
-total = sum(kinds.values())
-for kind, ms in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
-    print(f"{kind:60s} {ms:8.2f} ms")
-print(f"GPU busy {total:.1f} ms of {wall:.1f} ms wall: gaps and host {wall - total:.1f} ms")
-# Where the GPU waits: the gaps between its kernels over the profiled step, the longest first.
-spans = sorted(
-    (e.time_range.start, e.time_range.end, e.name)
-    for e in p.events()
-    if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
-)
-gaps, end, before = [], None, ""
-for start, stop, name in spans:
-    if end is not None and start > end:
-        gaps.append((start - end, before, name))
-    if end is None or stop > end:
-        end, before = stop, name
-idle = sum(g for g, _, _ in gaps)
-# What each memset (and each copy on the device) comes before: who asked for it.
-after_memset: defaultdict = defaultdict(int)
-for (_, _, name), (_, _, following) in pairwise(spans):
-    if name.startswith(("Memset", "Memcpy")):
-        after_memset[f"{name[:20]} before {following[:60]}"] += 1
-for what, count in sorted(after_memset.items(), key=lambda kv: -kv[1])[:8]:
-    print(f"  x{count} {what}")
-print(f"GPU idle between kernels {idle / 1e3:.2f} ms in {len(gaps)} gaps; longest:")
-for gap, before, after in sorted(gaps, reverse=True)[:8]:
-    print(f"  {gap:8.1f} us after {before[:50]} before {after[:50]}")
+analyse(p, wall)
 rows = p.key_averages()
 print(rows.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=80))
 if args.side == "sexpgpu":  # which IR nodes each kernel above covers

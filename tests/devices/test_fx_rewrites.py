@@ -10,6 +10,7 @@ from sexpgpu.devices.cuda.fx_rewrites import (
     bias_adds_onto_products,
     gelu_into_products,
     param_casts_to_inputs,
+    products_into_sums,
 )
 
 aten = torch.ops.aten
@@ -148,3 +149,42 @@ def test_a_parameters_bf16_casts_read_one_new_input():
     assert [c for c in casts if c.op == "placeholder"] == [placeholders[0], placeholders[3]]
     got = gm(x, w, b, g, w.to(torch.bfloat16), b.to(torch.bfloat16))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _into_calls(gm):
+    return [n for n in gm.graph.nodes if n.target is torch.ops.sexpgpu.mm_into.default]
+
+
+@pytest.mark.parametrize("adds", [False, True], ids=["writes", "adds"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_product_written_into_a_buffer_is_made_there(adds, dtype):
+    x, dy = torch.randn(32, 8).to(dtype), torch.randn(32, 6).to(dtype)
+
+    def step(buffer, x, dy):
+        grad = (x.t() @ dy).float()  # a weight's gradient, cast for its f32 sum
+        buffer.add_(grad) if adds else buffer.copy_(grad)
+        return (dy.sum(),)
+
+    gm = make_fx(step)(torch.zeros(8, 6), x, dy)
+    assert products_into_sums(gm) == 1
+    (into,) = _into_calls(gm)
+    assert into.args[3] is adds and into.name.startswith("mm")  # the product's name
+    assert not [n for n in gm.graph.nodes if n.target in (aten.mm.default, aten.copy_.default)]
+    want, got = torch.full((8, 6), 3.0), torch.full((8, 6), 3.0)
+    step(want, x, dy)
+    gm(got, x, dy)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # off a GPU: the traced calls
+
+
+def test_products_read_elsewhere_or_written_elsewhere_stay():
+    x, dy = torch.randn(32, 8), torch.randn(32, 6)
+
+    def step(a, b, c, x, dy):
+        p = x.t() @ dy
+        a.copy_(p)  # the product has a second reader
+        b.copy_((x.t() @ dy) * 2)  # the write is of something else
+        c.copy_((dy.t() @ x).t())  # in another layout than the buffer's
+        return (p.sum(),)
+
+    gm = make_fx(step)(torch.zeros(8, 6), torch.zeros(8, 6), torch.zeros(8, 6), x, dy)
+    assert products_into_sums(gm) == 0

@@ -180,6 +180,7 @@ def main() -> None:
 
     # The custom ops a graph may call.
     import sexpgpu.devices.cuda.gelu_products
+    import sexpgpu.devices.cuda.sum_products
     import sexpgpu.devices.cuda.xent  # noqa: F401
 
     send(replies, ("ready", torch.__version__))

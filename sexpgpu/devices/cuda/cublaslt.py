@@ -2,7 +2,8 @@
 
 PyTorch calls cuBLASLt for ``addmm`` (the bias epilogue) but keeps the
 others to itself: gelu with its input kept for the backward (``GELU_AUX_BIAS``)
-and gelu's gradient (``DGELU``). This module calls the
+and gelu's gradient (``DGELU``); nor does it write a bf16 product as f32 into
+a given tensor, or add it there (a gradient into its sum). This module calls the
 library PyTorch has already loaded, through ctypes, on PyTorch's stream and
 with a workspace of its own, so a CUDA graph can capture the calls.
 
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 class Epilogue:
     """cuBLASLt's ``cublasLtEpilogue_t`` values (cublasLt.h)."""
 
+    DEFAULT = 1  # d = a b (+ d, accumulating)
     BIAS = 4
     GELU_AUX_BIAS = 164  # d = gelu(a b + bias), aux = a b + bias
     DGELU = 192  # d = (a b) * gelu'(aux)
@@ -143,8 +145,11 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(device, dtype, a_op, b_op, m, n, epilogue, aux_ld, align) -> _Plan | None:
-    """The descriptors and the heuristic's algorithm for one shape, or None where none runs it."""
+def _plan(device, dtype, d_dtype, a_op, b_op, m, n, epilogue, aux_ld, align) -> _Plan | None:
+    """The descriptors and the heuristic's algorithm for one shape, or None where none runs it.
+
+    `dtype` is the operands', `d_dtype` the result's (and the summand's, where it adds).
+    """
     lib = _lib()
     desc = ctypes.c_void_p()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F), "desc")
@@ -155,9 +160,10 @@ def _plan(device, dtype, a_op, b_op, m, n, epilogue, aux_ld, align) -> _Plan | N
     if aux_ld:
         _set(setter, desc, _AUX_LD, aux_ld, ctypes.c_int64)
     layouts = []
-    for _, rows, cols, ld in (b_op, a_op, (0, m, n, m)):
+    operands = zip((dtype, dtype, d_dtype), (b_op, a_op, (0, m, n, m)), strict=True)
+    for kind, (_, rows, cols, ld) in operands:
         layout = ctypes.c_void_p()
-        made = lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _TYPES[dtype], rows, cols, ld)
+        made = lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), _TYPES[kind], rows, cols, ld)
         _check(made, "layout")
         layouts.append(layout)
     pref = ctypes.c_void_p()
@@ -191,23 +197,32 @@ def matmul(
     *,
     bias: torch.Tensor | None = None,
     aux: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
 ) -> torch.Tensor | None:
-    """``a[M K] @ b[K N]`` with `epilogue`, into a new ``[M N]``; None where cuBLASLt cannot.
+    """``a[M K] @ b[K N]`` with `epilogue`, into a new ``[M N]`` or `out`; None where it cannot.
 
     `bias` ``[N]`` is read (``BIAS``, ``GELU_AUX_BIAS``); `aux` ``[M N]``,
     contiguous, is written (``GELU_AUX_BIAS``: the gelu's input) or read
-    (``DGELU``: the forward's gelu input).
+    (``DGELU``: the forward's gelu input). `out`, contiguous ``[M N]`` of
+    the operands' dtype or f32, takes the result, rounded once from the
+    f32 sums; with `accumulate` the result is added to what it holds.
     """
     ops = _operand(a), _operand(b)
     if None in ops or a.dtype not in _TYPES or b.dtype != a.dtype:
         return None
     m_rows, n_cols = a.shape[0], b.shape[1]
-    d = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
+    if out is None:
+        out = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
+    fits = out.shape == (m_rows, n_cols) and out.is_contiguous() and out.device == a.device
+    if not fits or out.dtype not in (a.dtype, torch.float32):
+        return None
+    d = out
     if d.numel() == 0 or a.shape[1] == 0:
         return None
     align = _alignment(b, a, d, d)
     plan = _plan(
-        a.device.index, a.dtype, ops[0], ops[1], n_cols, m_rows, epilogue,
+        a.device.index, a.dtype, d.dtype, ops[0], ops[1], n_cols, m_rows, epilogue,
         n_cols if aux is not None else 0, align,
     )  # fmt: skip
     if plan is None:
@@ -219,14 +234,14 @@ def matmul(
     for attr, t in ((_BIAS_POINTER, bias), (_AUX_POINTER, aux)):
         if t is not None:
             _set(setter, plan.desc, attr, t.data_ptr(), ctypes.c_uint64)
-    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    one, beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if accumulate else 0.0)
     b_l, a_l, d_l = plan.layouts
     device = a.device.index
     stream = torch.cuda.current_stream(a.device).cuda_stream
     _check(
         lib.cublasLtMatmul(
             _handle(device), plan.desc, ctypes.byref(one), b.data_ptr(), b_l, a.data_ptr(), a_l,
-            ctypes.byref(zero), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
+            ctypes.byref(beta), d.data_ptr(), d_l, d.data_ptr(), d_l, plan.algo,
             _workspace(device).data_ptr(), WORKSPACE, stream,
         ),
         "cublasLtMatmul",

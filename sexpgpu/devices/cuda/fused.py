@@ -10,7 +10,8 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    after the IR node that made it (``ir12__gelu``), so Inductor's provenance
    maps every generated kernel back to IR nodes and their source forms.
 2. **rewrite**: the traced step gets cuBLAS's and cuBLASLt's epilogues
-   (`sexpgpu.devices.cuda.fx_rewrites`), and reads each parameter it casts
+   (`sexpgpu.devices.cuda.fx_rewrites`), its weight gradients' products
+   write into their buffers, and it reads each parameter it casts
    to bf16 from a copy the update keeps (`ParamCopies`) instead of casting;
 3. **sum in place**: the traced function adds each summed output (the loss,
    every gradient) into a buffer the caller passes, so the gradient
@@ -57,6 +58,7 @@ from sexpgpu.devices.cuda.fx_rewrites import (
     bias_adds_onto_products,
     gelu_into_products,
     param_casts_to_inputs,
+    products_into_sums,
 )
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
@@ -233,6 +235,7 @@ class FusedGraph:
         self._name_after_ir(gm)
         bias_adds_onto_products(gm)  # a stacked graph's linear layers, as one batch's
         self.gelu_products = gelu_into_products(gm)  # after: it reads the adds on products
+        self.sum_products = products_into_sums(gm)  # the weight gradients into their buffers
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         first = len(self.inputs)
         copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])

@@ -16,6 +16,10 @@ cuBLASLt's epilogues do them as the products write.
 
 `param_casts_to_inputs`: a parameter's cast to bf16 becomes an input of the
 step, the copy the update writes (`sexpgpu.devices.cuda.param_copies`).
+
+`products_into_sums`: a product whose only reader writes it (cast or not)
+into a sum buffer, or adds it there, does so itself
+(`sexpgpu.devices.cuda.sum_products`): no pass of its own per weight gradient.
 """
 
 from __future__ import annotations
@@ -25,9 +29,14 @@ import operator
 import torch
 from torch import fx
 
-from sexpgpu.devices.cuda import gelu_products  # noqa: F401  (registers the ops)
+from sexpgpu.devices.cuda import gelu_products, sum_products  # noqa: F401  (registers the ops)
 
-__all__ = ["bias_adds_onto_products", "gelu_into_products", "param_casts_to_inputs"]
+__all__ = [
+    "bias_adds_onto_products",
+    "gelu_into_products",
+    "param_casts_to_inputs",
+    "products_into_sums",
+]
 
 _aten = torch.ops.aten
 _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default})
@@ -36,6 +45,7 @@ _GELU = frozenset({_aten.gelu.default})
 _GELU_GRAD = frozenset({_aten.gelu_backward.default})
 _ADD = frozenset({_aten.add.Tensor})
 _CASTS = frozenset({_aten._to_copy.default})
+_SUM_WRITES = {_aten.copy_.default: False, _aten.add_.Tensor: True}  # -> whether it adds
 BF16 = torch.bfloat16
 
 
@@ -105,15 +115,71 @@ def param_casts_to_inputs(gm: fx.GraphModule, params: list[fx.Node]) -> list[int
     return copied
 
 
+def products_into_sums(gm: fx.GraphModule) -> int:
+    """Make each product written or added into a buffer (placeholder) alone do it; how many.
+
+    The write is ``copy_(buffer, p)`` or ``add_(buffer, p)``, where ``p`` is
+    the ``mm`` or its cast to the buffer's dtype, each read by the next
+    alone, and the buffer, contiguous and of the product's shape, is read
+    by nothing else. The ``sexpgpu::mm_into`` that replaces them takes the
+    product's place (and name): the buffer is written as the product is made.
+    """
+    graph, moved = gm.graph, 0
+    for write in list(graph.nodes):
+        if write.op != "call_function" or write.target not in _SUM_WRITES or write.kwargs:
+            continue
+        buffer, value = write.args
+        if not (buffer.op == "placeholder" and len(buffer.users) == 1):
+            continue
+        cast = value if _calls(value, _CASTS) and len(value.users) == 1 else None
+        product = value.args[0] if cast is not None else value
+        if not (_calls(product, _PRODUCT) and len(product.users) == 1):
+            continue
+        if not _writes_as_cast(cast, product, buffer):
+            continue
+        a, b = product.args
+        with graph.inserting_before(product):
+            into = graph.call_function(
+                torch.ops.sexpgpu.mm_into.default, (a, b, buffer, _SUM_WRITES[write.target])
+            )
+        into.meta["val"] = None
+        graph.erase_node(write)
+        if cast is not None:
+            graph.erase_node(cast)
+        name = product.name
+        graph.erase_node(product)
+        into._rename(name)
+        moved += 1
+    if moved:
+        graph.lint()
+        gm.recompile()
+    return moved
+
+
+def _writes_as_cast(cast: fx.Node | None, product: fx.Node, buffer: fx.Node) -> bool:
+    """Whether `buffer` receives `product` (through `cast`) as its values, in its layout."""
+    p, d = _val(product), _val(buffer)
+    if p is None or d is None or p.shape != d.shape or not d.is_contiguous():
+        return False
+    if d.dtype not in (p.dtype, torch.float32) or p.dtype not in (BF16, torch.float16, d.dtype):
+        return False
+    return cast is None or _is_cast(cast, product, d.dtype)
+
+
 def _is_bf16_cast(node: fx.Node, of: fx.Node) -> bool:
     """Whether `node` rounds the f32 `of` to bf16 and does nothing else."""
-    if not (_calls(node, _CASTS) and node.args == (of,)) or node.kwargs.get("dtype") is not BF16:
+    val = _val(of)
+    return val is not None and val.dtype == torch.float32 and _is_cast(node, of, BF16)
+
+
+def _is_cast(node: fx.Node, of: fx.Node, dtype: torch.dtype) -> bool:
+    """Whether `node` casts `of` to `dtype` and does nothing else (no move, no new layout)."""
+    if not (_calls(node, _CASTS) and node.args == (of,)) or node.kwargs.get("dtype") is not dtype:
         return False
     same = {"dtype", "layout", "device", "memory_format"}  # what ``Tensor.to`` may record
     val = _val(of)
     return (
         val is not None
-        and val.dtype == torch.float32
         and set(node.kwargs) <= same
         and node.kwargs.get("layout", torch.strided) == torch.strided
         and node.kwargs.get("device", val.device) == val.device

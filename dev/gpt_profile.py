@@ -4,6 +4,7 @@
                                [--side sexpgpu|reduce-overhead|default|eager]
                                [--inductor KEY=VALUE ...] [--gelu-apart [backward]]
                                [--casts] [--sums-apart] [--run-loop]
+                               [--lt-workspace BYTES]
 
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
@@ -16,6 +17,7 @@ them. `--gelu-apart` keeps gelu and its gradient out of the products
 casts of the parameters (no `param_casts_to_inputs`: no copies written by
 the update). `--sums-apart` keeps the weight gradients' products apart
 from their buffers (no `products_into_sums`: a cast and a write each).
+`--lt-workspace` sets the workspace of sexpgpu's own cuBLASLt calls.
 `--run-loop` profiles steps 6 to 9 of the run loop itself (`prepare_run`,
 as benches/gpt2_cuda.py's sexpgpu side: loader, records, the loss read a
 step behind) instead of the step called back to back. `--batch` is
@@ -56,7 +58,12 @@ parser.add_argument("--gelu-apart", nargs="?", const="all", choices=["all", "bac
 parser.add_argument("--casts", action="store_true")
 parser.add_argument("--sums-apart", action="store_true")
 parser.add_argument("--run-loop", action="store_true")
+parser.add_argument("--lt-workspace", type=int)
 args = parser.parse_args()
+if args.lt_workspace is not None:
+    from sexpgpu.devices.cuda import cublaslt
+
+    cublaslt.WORKSPACE = args.lt_workspace
 if args.casts:
     import sexpgpu.devices.cuda.fused as fused
 

@@ -1,6 +1,6 @@
 """GPT-2 small's products at batch 16: PyTorch's ``mm`` against cuBLASLt as sexpgpu calls it.
 
-    python3 dev/product_probe.py [--rows 16384]
+    python3 dev/product_probe.py [--rows 16384] [--lt-workspace BYTES]
 
 For each product of a training step (forward, the inputs' gradients, the
 weights' gradients; bf16, the operands laid out as the traced step has
@@ -10,7 +10,9 @@ gradient, its cast into an f32 buffer, as the step did before
 reduction schemes limited as `sexpgpu.devices.cuda.cublaslt` sets them);
 and ``sexpgpu::mm_into`` writing f32. Also how many memsets one call of
 each launches (torch.profiler), since a CUDA graph replays each as a node
-of its own.
+of its own. `--lt-workspace` sets the workspace sexpgpu's cuBLASLt calls
+offer (PyTorch's own is set by ``CUBLAS_WORKSPACE_CONFIG`` and
+``CUBLASLT_WORKSPACE_SIZE``).
 """
 
 import argparse
@@ -23,7 +25,9 @@ from sexpgpu.devices.cuda import cublaslt, sum_products  # noqa: F401  (register
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rows", type=int, default=16384)
+parser.add_argument("--lt-workspace", type=int, default=cublaslt.WORKSPACE)
 args = parser.parse_args()
+cublaslt.WORKSPACE = args.lt_workspace
 r, w, v = args.rows, 768, 50304
 bf = torch.bfloat16
 
@@ -55,8 +59,7 @@ def memsets(fn) -> int:
     return sum(1 for e in p.events() if e.name.startswith("Memset"))
 
 
-print(f"{'product':28s} {'torch.mm':>14s} {'cuBLASLt':>14s} {'mm_into f32':>14s}  TFLOP/s (mm)")
-for name, (a, b, weight) in cases.items():
+def probe(name: str, a: torch.Tensor, b: torch.Tensor, weight: bool) -> None:
     flops = 2 * a.shape[0] * a.shape[1] * b.shape[1]
     out = torch.zeros(a.shape[0], b.shape[1], device="cuda")
 
@@ -77,3 +80,8 @@ for name, (a, b, weight) in cases.items():
         row.append(f"{ms * 1e3:7.1f}us m{memsets(fn)}")
     rate = flops / do_bench(lambda: torch.mm(a, b), warmup=25, rep=100) / 1e9
     print(f"{name:28s} {row[0]:>14s} {row[1]:>14s} {row[2]:>14s}  {rate:6.0f}")
+
+
+print(f"{'product':28s} {'torch.mm':>14s} {'cuBLASLt':>14s} {'mm_into f32':>14s}  TFLOP/s (mm)")
+for name, (a, b, weight) in cases.items():
+    probe(name, a, b, weight)

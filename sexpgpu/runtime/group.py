@@ -216,28 +216,28 @@ class RankContext:
             s.product = total
         s.wait(self.rank, "all_reduce")
         result = s.product if self.rank == 0 else copy_to(s.product, self.device)
-        self._depart("all_reduce")
+        self._depart("all_reduce", result)
         return result
 
     def broadcast(self, x: T | None, root: int = 0) -> T:
         """Rank `root`'s `x`, on every rank (other ranks' `x` is ignored)."""
         values = self._exchange("broadcast", root, x)
         result = copy_to(values[root], self.device)
-        self._depart("broadcast")
+        self._depart("broadcast", result)
         return result
 
     def allgather(self, x: T) -> list[T]:
         """Every rank's `x`, in rank order, on every rank."""
         values = self._exchange("allgather", 0, x)
         result = [copy_to(value, self.device) for value in values]
-        self._depart("allgather")
+        self._depart("allgather", result)
         return result
 
     def gather(self, x: T, root: int = 0) -> list[T] | None:
         """Every rank's `x` in rank order on rank `root`; None on the others."""
         values = self._exchange("gather", root, x)
         result = [copy_to(v, self.device) for v in values] if self.rank == root else None
-        self._depart("gather")
+        self._depart("gather", result)
         return result
 
     def scatter(self, chunks: Sequence[T] | None, root: int = 0) -> T:
@@ -247,7 +247,7 @@ class RankContext:
             raise ValueError(f"scatter on root {root} needs {self.size} chunks, got {got}")
         values = self._exchange("scatter", root, list(chunks) if self.rank == root else None)
         result = copy_to(values[root][self.rank], self.device)
-        self._depart("scatter")
+        self._depart("scatter", result)
         return result
 
     def share(self, x: T) -> list[T]:
@@ -259,7 +259,7 @@ class RankContext:
         its work before the ranks read them again (`barrier`).
         """
         values = self._exchange("share", 0, x)
-        self._depart("share")
+        self._depart("share", values)
         return list(values)
 
     def _exchange(self, op: str, root: int, value: Any) -> list[Any]:
@@ -279,9 +279,18 @@ class RankContext:
             raise err
         return [entry[2] for entry in s.slots]
 
-    def _depart(self, op: str) -> None:
-        # Copies onto this device must land before any rank reuses its slot.
-        settle(self.device)
+    def _depart(self, op: str, copied: Any = None) -> None:
+        """Leave collective `op` once `copied` (this rank's result) is on its device.
+
+        Copies onto this device must land before any rank reuses its slot; a
+        result of host values moved nothing, so the work queued on the device
+        goes on (a rank's step is not held up by the numbers it exchanges). A
+        barrier waits for the device's queued work all the same.
+        """
+        if op == "barrier":
+            settle(self.device)
+        else:
+            ready(copied, self.device)
         self._session.wait(self.rank, op)
 
 

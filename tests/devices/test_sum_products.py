@@ -37,7 +37,8 @@ def test_cublaslt_writes_the_f32_sums_of_bf16_operands(cuda, accumulate, shape):
     dy = torch.randn(k, n, device=cuda).bfloat16()
     before = torch.randn(m, n, device=cuda)
     out = before.clone()
-    assert cublaslt.matmul(x.t(), dy, cublaslt.Epilogue.DEFAULT, out=out, accumulate=accumulate)
+    done = cublaslt.matmul(x.t(), dy, cublaslt.Epilogue.DEFAULT, out=out, accumulate=accumulate)
+    assert done is out
     want = x.t().double() @ dy.double() + (before.double() if accumulate else 0.0)
     # The f32 sums, not rounded to bf16 (whose error would be 2**-9 of each value).
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-3 * k**0.5 * 2**-10)

@@ -97,6 +97,26 @@ def test_work_on_a_side_stream_is_finished_before_others_read_it():
         assert torch.equal(total, expected)
 
 
+@pytest.mark.parametrize("size", [1, 2])
+def test_exchanging_host_values_leaves_the_queued_work_queued(size):
+    # A run's ranks exchange their step's numbers while the device computes the step.
+    def step(ctx):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000_000)  # about a second of one kernel, queued
+        done = torch.cuda.Event()
+        done.record()
+        everyone = ctx.allgather({"rank": ctx.rank, "events": ["a line"]})
+        pending = not done.query()
+        total = ctx.all_reduce(torch.ones(1, device=ctx.device.torch_device()))
+        assert done.query()  # a tensor's collective waits for it
+        return pending, everyone, float(total)
+
+    for pending, everyone, total in cuda_group(size).run(step):
+        assert pending
+        assert everyone == [{"rank": r, "events": ["a line"]} for r in range(size)]
+        assert total == size
+
+
 def test_a_failing_gpu_rank_aborts_the_group():
     seen = {}
 

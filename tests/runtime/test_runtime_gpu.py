@@ -101,7 +101,6 @@ def test_work_on_a_side_stream_is_finished_before_others_read_it():
 def test_exchanging_host_values_leaves_the_queued_work_queued(size):
     # A run's ranks exchange their step's numbers while the device computes the step.
     def step(ctx):
-        torch.cuda.synchronize()
         torch.cuda._sleep(2_000_000_000)  # about a second of one kernel, queued
         done = torch.cuda.Event()
         done.record()

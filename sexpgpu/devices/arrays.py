@@ -126,10 +126,6 @@ class ArrayOps(Protocol):
         """
         ...
 
-    def divide(self, xs: Sequence[Any], divisor: float) -> None:
-        """``x /= divisor`` for every array of `xs`, in place."""
-        ...
-
     def multiply(self, xs: Sequence[Any], factor: Any) -> None:
         """``x *= factor`` (a host number or a `clip_scale`) for every array of `xs`, in place."""
         ...
@@ -190,10 +186,6 @@ class NumpyOps:
         self, key: tuple[Any, ...], arrays: Sequence[Any], queue: Callable[[], Any]
     ) -> Any:
         return queue()
-
-    def divide(self, xs: Sequence[np.ndarray], divisor: float) -> None:
-        for x in xs:
-            x /= divisor
 
     def multiply(self, xs: Sequence[np.ndarray], factor: float) -> None:
         for x in xs:

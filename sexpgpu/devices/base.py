@@ -92,11 +92,12 @@ class Program(Protocol):
 
     def reduce(self, ctx: Any, microbatches: int) -> Any:
         """Sum the buffers over every rank (`sexpgpu.devices.collectives.sum_over_ranks`:
-        this node's ranks, then the nodes), divide by the run's `microbatches`.
+        this node's ranks, then the nodes); the mean is over the run's `microbatches`.
 
         Returns the mean loss (``float()`` reads it: with one rank it may still
         be on the device, so that the update is queued before the host waits);
-        the buffers then hold the mean gradients.
+        the buffers then hold the gradients' sums, and `update` steps with their
+        mean (a factor its kernels take as they read them).
         """
         ...
 

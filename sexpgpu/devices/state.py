@@ -36,6 +36,7 @@ class Sums:
     loss: Any
     grads: dict[str, Any]
     count: int
+    divisor: int = 1  # the gradients are the mean of `divisor` microbatches' sums times this
 
 
 def summed(sums: Sums | None, loss: Any, grads: Mapping[str, Any]) -> Sums:
@@ -180,28 +181,32 @@ class TrainState:
         """
         assert self._sums is not None, "accumulate() first"
         loss, grads = sum_over_ranks(ctx, self._sums.loss, self._sums.grads)
-        self._sums.grads = grads
-        if microbatches != 1:
-            self.xp.divide(list(grads.values()), microbatches)
+        # The gradients stay sums: `update` takes their mean through the factor
+        # it scales them by anyway (no pass of its own over every gradient).
+        self._sums.grads, self._sums.divisor = grads, microbatches
         return self.xp.read_later(loss / microbatches)
 
     def update(self, lr: float, clip: float | None) -> Any:
         assert self._sums is not None and self.optimizer is not None
         grads, optimizer, xp = self._sums.grads, self.optimizer, self.xp
+        divisor = self._sums.divisor
         optimizer.advance(lr)
 
         def queue() -> Any:
             # The norm and the clipping factor stay on the device and go into the
             # update's own kernels: the host reads the norm once the update is queued.
             norm = xp.norm(list(grads.values()))
-            optimizer.queue(self.values, grads, xp.clip_scale(norm, clip))
+            if divisor != 1:  # of the mean gradient, which the update sees through `scale`
+                norm = norm / divisor
+            scale = _times(xp.clip_scale(norm, clip), 1 / divisor)
+            optimizer.queue(self.values, grads, scale)
             return norm
 
         if optimizer.replayable:
             # Everything the queued update touches: a backend may capture it and replay it.
             moments = [a for arrays in optimizer.state.values() for a in arrays.values()]
             arrays = [*self.values.values(), *grads.values(), *moments]
-            norm = xp.replayed(("update", clip), arrays, queue)
+            norm = xp.replayed(("update", clip, divisor), arrays, queue)
         else:
             norm = queue()
         self._sums = None
@@ -237,3 +242,10 @@ class TrainState:
             if source:
                 self.events += source
                 source.clear()
+
+
+def _times(scale: Any, factor: float) -> Any:
+    """`scale` (None: one, a host number or a device scalar) times the host number `factor`."""
+    if factor == 1:
+        return scale
+    return factor if scale is None else scale * factor

@@ -103,6 +103,25 @@ def test_gelu_and_its_gradient_go_into_the_products():
         torch.testing.assert_close(got, expected)
 
 
+def test_a_stacked_layers_gelu_under_two_views_goes_into_the_products():
+    # A stacked graph views each product as [k*m p] -> [k m p] -> [s k/s m p].
+    x, w1, b1, w2 = torch.randn(4, 8, 4), torch.randn(4, 6), torch.randn(6), torch.randn(6, 5)
+    dy = torch.randn(4, 8, 5)
+
+    def layer(x, w1, b1, w2, dy):
+        h = (torch.matmul(x, w1) + b1).view(2, 2, 8, 6)
+        out = torch.matmul(torch.nn.functional.gelu(h, approximate="tanh"), w2)
+        dh = aten.gelu_backward(torch.matmul(dy, w2.t()).view(2, 2, 8, 6), h, approximate="tanh")
+        return out, dh.sum([0, 1, 2])
+
+    gm, want = _traced(layer, x, w1, b1, w2, dy)
+    bias_adds_onto_products(gm)
+    assert gelu_into_products(gm) == (1, 1)
+    assert not {aten.gelu.default, aten.gelu_backward.default} & _targets(gm)
+    for got, expected in zip(gm(x, w1, b1, w2, dy), want, strict=True):
+        torch.testing.assert_close(got, expected)
+
+
 def test_the_backward_may_stay_apart():
     layer, args = _layer()
     gm, _ = _traced(layer, *args)

@@ -76,10 +76,6 @@ class TorchOps:
             return None
         return torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0).float()
 
-    def divide(self, xs: Sequence[torch.Tensor], divisor: float) -> None:
-        if xs:
-            torch._foreach_div_(list(xs), divisor)
-
     def multiply(self, xs: Sequence[torch.Tensor], factor: float | torch.Tensor) -> None:
         if xs:
             torch._foreach_mul_(list(xs), factor)

@@ -231,9 +231,17 @@ def _tanh(node: fx.Node, operands: int) -> bool:
     return node.kwargs.get("approximate", default) == "tanh"
 
 
-def _under_view(node: fx.Node) -> tuple[fx.Node | None, fx.Node]:
-    """(the view, the node it views) where `node` is a view, else (None, `node`)."""
-    return (node, node.args[0]) if _calls(node, _VIEWS) else (None, node)
+def _under_views(node: fx.Node) -> tuple[list[fx.Node], fx.Node]:
+    """(the views `node` is a chain of, outermost first; the node they view).
+
+    A stacked graph views a linear layer's product twice (its rows back to
+    ``[k m p]``, then as the stack's microbatches), so a chain, not one view.
+    """
+    views = []
+    while _calls(node, _VIEWS):
+        views.append(node)
+        node = node.args[0]
+    return views, node
 
 
 def _val(node: fx.Node) -> torch.Tensor | None:
@@ -269,17 +277,17 @@ def _take_over(graph: fx.Graph, old: fx.Node, new: fx.Node) -> None:
     new._rename(name)
 
 
-def _as_viewed(graph: fx.Graph, new: fx.Node, view: fx.Node | None, like: fx.Node) -> fx.Node:
-    """`new` viewed as `view` views its operand (`new` itself where there was no view)."""
-    if view is None:
+def _as_viewed(graph: fx.Graph, new: fx.Node, views: list[fx.Node], like: fx.Node) -> fx.Node:
+    """`new` (contiguous) viewed in `like`'s shape where `views` made it (else `new` itself)."""
+    if not views:
         return new
-    out = graph.call_function(view.target, (new, *view.args[1:]))
+    out = graph.call_function(_aten.view.default, (new, list(_val(like).shape)))
     out.meta = dict(like.meta)
     return out
 
 
 def _linear_gelu(graph: fx.Graph, gelu: fx.Node) -> int:
-    view, add = _under_view(gelu.args[0])
+    views, add = _under_views(gelu.args[0])
     if not (_calls(add, _ADD) and len(add.args) == 2 and not add.kwargs):
         return 0
     product, bias = add.args
@@ -292,14 +300,14 @@ def _linear_gelu(graph: fx.Graph, gelu: fx.Node) -> int:
     _take_over(graph, add, h)  # the gelu's input, for the backward
     graph.erase_node(product)
     with graph.inserting_before(gelu):
-        _take_over(graph, gelu, _as_viewed(graph, g, view, gelu))
+        _take_over(graph, gelu, _as_viewed(graph, g, views, gelu))
     return 1
 
 
 def _gelu_grad_mm(graph: fx.Graph, grad: fx.Node) -> int:
-    view, product = _under_view(grad.args[0])
-    _, h = _under_view(grad.args[1])
-    if (view is not None and len(view.users) != 1) or not _product(product):
+    views, product = _under_views(grad.args[0])
+    _, h = _under_views(grad.args[1])
+    if any(len(v.users) != 1 for v in views) or not _product(product):
         return 0
     h_val, p_val = _val(h), _val(product)
     if h_val is None or h_val.shape != p_val.shape or h_val.dtype != p_val.dtype:
@@ -310,8 +318,8 @@ def _gelu_grad_mm(graph: fx.Graph, grad: fx.Node) -> int:
         call = graph.call_function(torch.ops.sexpgpu.gelu_grad_mm.default, (*product.args, h))
         call.meta["val"] = p_val
         call._rename(f"{grad.name}_product")
-        _take_over(graph, grad, _as_viewed(graph, call, view, grad))
-    if view is not None:
+        _take_over(graph, grad, _as_viewed(graph, call, views, grad))
+    for view in views:  # outermost first: each was its inner one's only reader
         graph.erase_node(view)
     graph.erase_node(product)
     return 1

@@ -129,13 +129,15 @@ def products_into_sums(gm: fx.GraphModule) -> int:
         if write.op != "call_function" or write.target not in _SUM_WRITES or write.kwargs:
             continue
         buffer, value = write.args
-        if not (buffer.op == "placeholder" and len(buffer.users) == 1):
+        if not (isinstance(buffer, fx.Node) and buffer.op == "placeholder"):
+            continue
+        if len(buffer.users) != 1:
             continue
         cast = value if _calls(value, _CASTS) and len(value.users) == 1 else None
         product = value.args[0] if cast is not None else value
         if not (_calls(product, _PRODUCT) and len(product.users) == 1):
             continue
-        if not _writes_as_cast(cast, product, buffer):
+        if not _buffer_takes(cast, product, buffer):
             continue
         a, b = product.args
         with graph.inserting_before(product):
@@ -156,7 +158,7 @@ def products_into_sums(gm: fx.GraphModule) -> int:
     return moved
 
 
-def _writes_as_cast(cast: fx.Node | None, product: fx.Node, buffer: fx.Node) -> bool:
+def _buffer_takes(cast: fx.Node | None, product: fx.Node, buffer: fx.Node) -> bool:
     """Whether `buffer` receives `product` (through `cast`) as its values, in its layout."""
     p, d = _val(product), _val(buffer)
     if p is None or d is None or p.shape != d.shape or not d.is_contiguous():

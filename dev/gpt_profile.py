@@ -42,7 +42,10 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, "benches")
 from gpt2_cuda import GPT, torch_step
 
+import sexpgpu.devices.cuda.fused as fused_step
+from sexpgpu.devices.cuda import cublaslt
 from sexpgpu.devices.cuda.device import CudaDevice
+from sexpgpu.devices.cuda.fx_rewrites import gelu_into_products
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.lang import load_experiment_text
 from sexpgpu.runtime.devices import Device
@@ -60,26 +63,19 @@ parser.add_argument("--sums-apart", action="store_true")
 parser.add_argument("--run-loop", action="store_true")
 parser.add_argument("--lt-workspace", type=int)
 args = parser.parse_args()
+# The options that change the step patch the modules that build it.
 if args.lt_workspace is not None:
-    from sexpgpu.devices.cuda import cublaslt
-
     cublaslt.WORKSPACE = args.lt_workspace
 if args.casts:
-    import sexpgpu.devices.cuda.fused as fused
-
-    fused.param_casts_to_inputs = lambda gm, params: []
+    fused_step.param_casts_to_inputs = lambda gm, params: []
 if args.sums_apart:
-    import sexpgpu.devices.cuda.fused as fused
-
-    fused.products_into_sums = lambda gm: 0
+    fused_step.products_into_sums = lambda gm: 0
 if args.gelu_apart:
-    import sexpgpu.devices.cuda.fused as fused
-    from sexpgpu.devices.cuda.fx_rewrites import gelu_into_products
 
     def apart(gm, backward=True):
         return (0, 0) if args.gelu_apart == "all" else gelu_into_products(gm, backward=False)
 
-    fused.gelu_into_products = apart
+    fused_step.gelu_into_products = apart
 for setting in args.inductor:
     key, value = setting.split("=", 1)
     target = torch._inductor.config

@@ -36,7 +36,7 @@ class Sums:
     loss: Any
     grads: dict[str, Any]
     count: int
-    divisor: int = 1  # the gradients are the mean of `divisor` microbatches' sums times this
+    divisor: int = 1  # the mean gradient is `grads` over this many microbatches (`reduce`)
 
 
 def summed(sums: Sums | None, loss: Any, grads: Mapping[str, Any]) -> Sums:

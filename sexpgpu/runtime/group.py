@@ -202,6 +202,7 @@ class RankContext:
     def barrier(self) -> None:
         """Wait until every rank is here."""
         self._exchange("barrier", 0, None)
+        settle(self.device)  # a barrier also orders the device's queued work before the others'
         self._depart("barrier")
 
     def all_reduce(self, x: T) -> T:
@@ -284,13 +285,9 @@ class RankContext:
 
         Copies onto this device must land before any rank reuses its slot; a
         result of host values moved nothing, so the work queued on the device
-        goes on (a rank's step is not held up by the numbers it exchanges). A
-        barrier waits for the device's queued work all the same.
+        goes on (a rank's step is not held up by the numbers it exchanges).
         """
-        if op == "barrier":
-            settle(self.device)
-        else:
-            ready(copied, self.device)
+        ready(copied, self.device)
         self._session.wait(self.rank, op)
 
 

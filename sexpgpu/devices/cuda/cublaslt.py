@@ -212,12 +212,10 @@ def matmul(
     if None in ops or a.dtype not in _TYPES or b.dtype != a.dtype:
         return None
     m_rows, n_cols = a.shape[0], b.shape[1]
-    if out is None:
-        out = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device)
-    fits = out.shape == (m_rows, n_cols) and out.is_contiguous() and out.device == a.device
-    if not fits or out.dtype not in (a.dtype, torch.float32):
+    d = torch.empty((m_rows, n_cols), dtype=a.dtype, device=a.device) if out is None else out
+    fits = d.shape == (m_rows, n_cols) and d.is_contiguous() and d.device == a.device
+    if not fits or d.dtype not in (a.dtype, torch.float32):
         return None
-    d = out
     if d.numel() == 0 or a.shape[1] == 0:
         return None
     align = _alignment(b, a, d, d)

@@ -30,6 +30,7 @@ from sexpgpu.ir.printer import format_graph
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.lang import Experiment, RunDef, load_experiment
 from sexpgpu.runtime.units import format_bytes
+from sexpgpu.train.settings import microbatches_per_rank
 
 __all__ = ["add_arguments", "format_flops", "main", "model_section", "summary_lines"]
 
@@ -132,7 +133,7 @@ def lowering_report(
         moments=moments,
         ranks=config.local_size,
         memory=config.memory,
-        microbatches=max(1, run.microbatches // config.world_size),  # as the run plans it
+        microbatches=microbatches_per_rank(run.microbatches, config.world_size),
     )
     lines = backend.report(compiled, plan)
     if not plan.fits:

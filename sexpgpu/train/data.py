@@ -38,6 +38,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.trace_data import NpyMember, npz_members, read_npy_header
 from sexpgpu.lang.paths import file_problem
 from sexpgpu.runtime.units import format_bytes
+from sexpgpu.train.settings import microbatches_per_rank
 
 __all__ = [
     "SOURCES",
@@ -365,22 +366,14 @@ class _Base:
     """Position bookkeeping shared by both loaders."""
 
     def __init__(self, batch: int, microbatches: int, seed: int, rank: int, ranks: int) -> None:
-        if microbatches % ranks:
-            raise SexpgpuError(
-                "E-DP-003",
-                f"{microbatches} microbatches do not divide over {ranks} ranks",
-                "SEXPGPU_DEVICES",
-                hint="choose :microbatches a multiple of the rank count (devices per node times "
-                "nodes), or fewer devices",
-            )
+        self.share = microbatches_per_rank(microbatches, ranks)
         self.batch, self.microbatches, self.seed = batch, microbatches, seed
         self.rank, self.ranks = rank, ranks
         self.position = 0  # optimizer steps consumed
 
     def _global_indices(self) -> range:
-        share = self.microbatches // self.ranks
-        first = self.position * self.microbatches + self.rank * share
-        return range(first, first + share)
+        first = self.position * self.microbatches + self.rank * self.share
+        return range(first, first + self.share)
 
     def next_step(self) -> list[dict[str, np.ndarray]]:
         """This rank's microbatches of the next optimizer step."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.loop import RunSummary, StepReport, Trainer
-from sexpgpu.train.settings import RunSettings, experiment_hash
+from sexpgpu.train.settings import RunSettings, experiment_hash, microbatches_per_rank
 
 __all__ = ["prepare_run", "run_experiment"]
 
@@ -107,7 +107,7 @@ def prepare_run(
         moments=moments,
         ranks=len(devices),
         memory=config.memory,
-        microbatches=max(1, settings.microbatches // config.world_size),
+        microbatches=microbatches_per_rank(settings.microbatches, config.world_size),
     )
     plan.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
     local = config.local_devices

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunSettings", "experiment_hash"]
+from sexpgpu.errors import SexpgpuError
+
+__all__ = ["RunSettings", "experiment_hash", "microbatches_per_rank"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,22 @@ class RunSettings:
             checkpoint_location=run.checkpoint.location if run.checkpoint else None,
             diagnostics=tuple(run.diagnostics),
         )
+
+
+def microbatches_per_rank(microbatches: int, ranks: int) -> int:
+    """A step's microbatches on each of `ranks` ranks (E-DP-003 where they do not divide).
+
+    The one place this is computed: the plan, the report and the loaders all take it.
+    """
+    if microbatches % ranks:
+        raise SexpgpuError(
+            "E-DP-003",
+            f"{microbatches} microbatches do not divide over {ranks} ranks",
+            "SEXPGPU_DEVICES",
+            hint="choose :microbatches a multiple of the rank count (devices per node times "
+            "nodes), or fewer devices",
+        )
+    return microbatches // ranks
 
 
 def experiment_hash(experiment: Any, run_name: str) -> str:

@@ -120,7 +120,7 @@ class CudaDevice:
         self, compiled: CompiledRun, moments: int, ranks: int, memory: int | None, microbatches: int
     ) -> MemoryPlan:
         budget = detect_budget(self.first, memory)
-        per_rank = max(1, microbatches // max(1, ranks))
+        per_rank = microbatches  # already this rank's share (`sexpgpu.train`)
         self._per_rank[id(compiled)] = per_rank
 
         def plan_at(degree: int) -> MemoryPlan:

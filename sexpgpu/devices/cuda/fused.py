@@ -169,6 +169,9 @@ class FusedGraph:
         self._addresses: tuple[int, ...] = ()
         self._outputs: list[torch.Tensor] = []
         self.calls = 0
+        # Calls on buffers not said to be zeros of an overwriting graph: no capture
+        # of it can replay them (a step of several calls would need the adding graph).
+        self.unreplayed = 0
 
     def zero_buffers(self) -> dict[str, torch.Tensor]:
         """Fresh f32 zeros for every summed output (a call's buffers)."""
@@ -374,6 +377,7 @@ class FusedGraph:
         self.calls += 1
         # The captured graph sums the way it was compiled to: into buffers as they are.
         direct = zeros or not self.overwrite
+        self.unreplayed += not direct
         if direct and self.capture and self.calls > 1 and self._ready(flat):
             out = self._replay(flat)
         else:

@@ -113,7 +113,6 @@ CODES: dict[str, str] = {
     "E-DATA-006": "an id in the data is out of range for the model (vocabulary or classes)",
     "E-DATA-007": "float data holds NaN or infinite values",
     # training runs
-    "E-TRAIN-001": "unknown optimizer, schedule or diagnostic, or a bad option of one",
     "E-TRAIN-002": "the loss became NaN or infinite",
     # checkpoints
     "E-CKPT-001": "no complete checkpoint to resume from",

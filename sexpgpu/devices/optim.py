@@ -9,8 +9,11 @@ Both follow PyTorch's update rules (``torch.optim.SGD`` with dampening 0 and
 ``torch.optim.AdamW``), so a run and the same model written in PyTorch trace
 the same losses. Parameters are updated in place, in float32. Weight decay is
 decoupled (AdamW) and skips every parameter whose ``decay`` is False (the
-vectors: biases and norm gains). Option names are those of the language with
-``-`` read as ``_`` (``:weight-decay`` is ``weight_decay``).
+vectors: biases and norm gains).
+
+The names, options and defaults are the language's (`sexpgpu.lang.runs.OPTIMIZERS`);
+an optimizer receives every option filled in, with ``-`` read as ``_``
+(``:weight-decay`` is ``weight_decay``), and checks none of them again.
 
 An optimizer's state is split the way checkpoints store it: `tensors` (the
 moments, keyed ``"<moment>/<param>"``, for safetensors) and `scalars` (the
@@ -24,25 +27,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sexpgpu.devices.arrays import NUMPY, AdamWStep, ArrayOps, clip_factor
-from sexpgpu.errors import SexpgpuError
+from sexpgpu.devices.arrays import NUMPY, AdamWStep, ArrayOps
 
 __all__ = [
     "OPTIMIZERS",
     "AdamW",
     "Optimizer",
     "Sgd",
-    "clip_by_global_norm",
     "global_norm",
     "make_optimizer",
     "moment_count",
     "optimizer",
-    "peak_lr",
 ]
 
 Arrays = dict[str, Any]  # name -> a device's array
 
-# name as users type it -> Optimizer subclass
+# name as users type it (the language's table) -> Optimizer subclass
 OPTIMIZERS: dict[str, type[Optimizer]] = {}
 
 
@@ -58,7 +58,7 @@ def optimizer(name: str) -> Callable[[type[Optimizer]], type[Optimizer]]:
 
 
 class Optimizer:
-    """Base: option checking and state (de)serialization.
+    """Base: the moments and their (de)serialization.
 
     Parameters
     ----------
@@ -67,15 +67,12 @@ class Optimizer:
     decay
         Parameter name -> whether weight decay applies to it.
     options
-        The options as written (``lr``, ``weight-decay``, ...).
-    where
-        The span or name reported in errors.
+        Every option, defaults filled in by the language (``lr``, ``weight_decay``, ...).
     xp
         The arrays' namespace (`sexpgpu.devices.arrays.NUMPY` by default).
     """
 
     name = ""
-    defaults: ClassVar[Mapping[str, Any]] = {}
     moments: ClassVar[tuple[str, ...]] = ()
     # Whether `queue` reads every per-step number from `ArrayOps.scalars`, so
     # that the queued half can be captured once and replayed.
@@ -86,48 +83,27 @@ class Optimizer:
         shapes: Mapping[str, tuple[int, ...]],
         decay: Mapping[str, bool],
         options: Mapping[str, Any],
-        where: Any = None,
         xp: ArrayOps = NUMPY,
     ) -> None:
         self.xp = xp
-        options = {k.replace("-", "_"): v for k, v in options.items()}
-        unknown = sorted(set(options) - set(self.defaults))
-        if unknown:
-            raise SexpgpuError(
-                "E-TRAIN-001",
-                f"{self.name}: unknown option :{unknown[0].replace('_', '-')}",
-                where,
-                hint=f"{self.name} takes "
-                + ", ".join(":" + k.replace("_", "-") for k in self.defaults),
-            )
-        self.options = {**self.defaults, **options}
+        self.options = dict(options)
         self.decay = dict(decay)
         self.steps = 0
         self.state: dict[str, Arrays] = {
             m: {k: xp.zeros(s) for k, s in shapes.items()} for m in self.moments
         }
 
-    @property
-    def lr(self) -> float:
-        """The peak learning rate (the schedule scales it)."""
-        return float(self.options["lr"])
-
-    def step(self, params: Arrays, grads: Mapping[str, Any], lr: float, scale: Any = None) -> None:
-        """Update `params` in place with `grads` (times `scale`) at learning rate `lr`.
-
-        `scale` is None or the clipping factor (`ArrayOps.clip_scale`, maybe
-        a device scalar): an optimizer may fold it into its own kernels
-        instead of a pass over the gradients.
-        """
-        self.advance(lr)
-        self.queue(params, grads, scale)
-
     def advance(self, lr: float) -> None:
         """The host's half of a step: count it and set its numbers (learning rate `lr`)."""
         raise NotImplementedError
 
     def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
-        """The device's half of the step `advance` set: the arithmetic, in place."""
+        """The device's half of the step `advance` set: the arithmetic, in place.
+
+        `scale` is None or the clipping factor (`ArrayOps.clip_scale`, maybe
+        a device scalar): an optimizer may fold it into its own kernels
+        instead of a pass over the gradients.
+        """
         raise NotImplementedError
 
     def tensors(self) -> Arrays:
@@ -155,7 +131,6 @@ def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
 class Sgd(Optimizer):
     """Stochastic gradient descent with optional (Nesterov) momentum, as ``torch.optim.SGD``."""
 
-    defaults: ClassVar[Mapping[str, Any]] = {"lr": 0.01, "momentum": 0.0, "nesterov": False}
     moments: ClassVar[tuple[str, ...]] = ("momentum",)
 
     def advance(self, lr: float) -> None:
@@ -189,12 +164,6 @@ class AdamW(Optimizer):
         p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
     """
 
-    defaults: ClassVar[Mapping[str, Any]] = {
-        "lr": 1e-3,
-        "betas": (0.9, 0.999),
-        "eps": 1e-8,
-        "weight_decay": 0.0,
-    }
     moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
     replayable: ClassVar[bool] = True
 
@@ -226,16 +195,8 @@ def make_optimizer(
     decay: Mapping[str, bool],
     xp: ArrayOps = NUMPY,
 ) -> Optimizer:
-    """The optimizer an `OptimizerSpec` (``name``, ``options``, ``span``) names, over `xp`."""
-    if spec.name not in OPTIMIZERS:
-        raise SexpgpuError(
-            "E-TRAIN-001",
-            f"unknown optimizer `{spec.name}`",
-            getattr(spec, "span", None),
-            hint=f"use one of {', '.join(sorted(OPTIMIZERS))}",
-        )
-    cls = OPTIMIZERS[spec.name]
-    return cls(shapes, decay, dict(spec.options), getattr(spec, "span", None), xp)
+    """The optimizer an `OptimizerSpec` (``name``, ``options``) names, over `xp`."""
+    return OPTIMIZERS[spec.name](shapes, decay, spec.options, xp)
 
 
 def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
@@ -243,24 +204,6 @@ def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
     return float(xp.norm(list(grads.values())))
 
 
-def clip_by_global_norm(grads: dict[str, Any], max_norm: float, xp: ArrayOps = NUMPY) -> float:
-    """Scale `grads` in place so their global norm is at most `max_norm` (`clip_factor`).
-
-    Returns the norm before clipping.
-    """
-    norm = global_norm(grads, xp)
-    scale = clip_factor(norm, max_norm)
-    if scale is not None:
-        xp.multiply(list(grads.values()), scale)
-    return norm
-
-
-def peak_lr(spec: Any) -> float:
-    """The learning rate an `OptimizerSpec` names (before the schedule scales it)."""
-    return make_optimizer(spec, {}, {}).lr
-
-
 def moment_count(spec: Any) -> int:
-    """Arrays per parameter the optimizer `spec` names keeps (2 for adamw; 0 if unknown)."""
-    cls = OPTIMIZERS.get(spec.name)
-    return len(cls.moments) if cls is not None else 0
+    """Arrays per parameter the optimizer `spec` names keeps (2 for adamw)."""
+    return len(OPTIMIZERS[spec.name].moments)

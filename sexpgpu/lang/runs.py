@@ -1,10 +1,14 @@
 """``defrun``: a training run's settings, each read by the entry of `RUN_KEYS` for its key.
 
-Optimizers, schedules and diagnostics are tables keyed by the names users
-type (`OPTIMIZERS`, `SCHEDULES`, `DIAGNOSTICS`); each option names how it
-is read and its default (`REQUIRED` when it has none). Option names reach
-`OptimizerSpec.options` and `ScheduleSpec.options` with underscores
-(``weight-decay`` becomes ``weight_decay``).
+Optimizers, schedules, diagnostics and reducers are tables keyed by the
+names users type (`OPTIMIZERS`, `SCHEDULES`, `DIAGNOSTICS`, `REDUCERS`):
+the one place these names, their options and defaults are defined. Each
+option names how it is read and its default (`REQUIRED` when it has none).
+Option names reach `OptimizerSpec.options` and `ScheduleSpec.options` with
+underscores (``weight-decay`` becomes ``weight_decay``), every default
+filled in, so execution (`sexpgpu.devices.optim`, `sexpgpu.train`) keeps
+implementations keyed by the same names and checks nothing again
+(tests/train/test_train_names.py holds the two sides together).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ __all__ = [
     "SCHEDULES",
     "Option",
     "RunKey",
+    "optimizer_spec",
     "run_key",
+    "schedule_spec",
 ]
 
 REQUIRED = object()
@@ -148,6 +154,39 @@ def _call(
     return head.name, values
 
 
+def _filled(table: dict[str, dict[str, Option]], kind: str, name: str, given: Any) -> Any:
+    """`given` (underscored option names) with the defaults of `table[name]` filled in."""
+    options = table.get(name)
+    if options is None:
+        hint = options_hint(name, table, f"{kind}s")
+        raise SexpgpuError("E-FORM-006", f"unknown {kind} `{name}`", hint=hint)
+    keys = {key.replace("-", "_"): option for key, option in options.items()}
+    for key in given:
+        if key not in keys:
+            hint = options_hint(key, keys, "options")
+            raise SexpgpuError("E-FORM-003", f"{name} takes no option `{key}`", hint=hint)
+    values = {}
+    for key, option in keys.items():
+        if key not in given and option.default is REQUIRED:
+            raise SexpgpuError("E-FORM-003", f"{name} needs `{key}`", hint=f"give {key}=VALUE")
+        values[key] = given.get(key, option.default)
+    return MappingProxyType(values)
+
+
+def optimizer_spec(name: str, **options: Any) -> OptimizerSpec:
+    """The `OptimizerSpec` ``(name :option value...)`` reads to, made from Python.
+
+    Option names use underscores; defaults come from `OPTIMIZERS`. Values are
+    taken as given (the reader checks the ranges of what a file writes).
+    """
+    return OptimizerSpec(name, _filled(OPTIMIZERS, "optimizer", name, options))
+
+
+def schedule_spec(name: str = "constant", **options: Any) -> ScheduleSpec:
+    """The `ScheduleSpec` ``(name :option value...)`` reads to, made from Python."""
+    return ScheduleSpec(name, _filled(SCHEDULES, "schedule", name, options))
+
+
 # -- run keys ---------------------------------------------------------------------
 
 
@@ -218,7 +257,7 @@ def _optimizer(node: Node, builder: Builder, what: str) -> OptimizerSpec:
     return OptimizerSpec(name, MappingProxyType(options), node.span)
 
 
-@run_key("schedule", default=ScheduleSpec("constant", MappingProxyType({})))
+@run_key("schedule", default=schedule_spec())
 def _schedule(node: Node, builder: Builder, what: str) -> ScheduleSpec:
     name, options = _call(node, SCHEDULES, builder.params, what, "schedules")
     return ScheduleSpec(name, MappingProxyType(options), node.span)

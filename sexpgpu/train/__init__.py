@@ -8,7 +8,7 @@
 docs/training.md describes a run; docs/metrics.md its directory.
 """
 
-from sexpgpu.devices.optim import OPTIMIZERS, clip_by_global_norm, make_optimizer
+from sexpgpu.devices.optim import OPTIMIZERS, make_optimizer
 from sexpgpu.train.checkpoint import Checkpoint, Location, load_checkpoint, save_checkpoint
 from sexpgpu.train.data import SOURCES, make_loader
 from sexpgpu.train.loop import Trainer
@@ -27,7 +27,6 @@ __all__ = [
     "RunSummary",
     "StepReport",
     "Trainer",
-    "clip_by_global_norm",
     "experiment_hash",
     "load_checkpoint",
     "make_loader",

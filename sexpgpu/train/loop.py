@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from sexpgpu.devices.base import Program
-from sexpgpu.devices.optim import make_optimizer
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.config import RuntimeConfig
 from sexpgpu.runtime.memory import MemoryPlan
@@ -44,7 +43,6 @@ from sexpgpu.train.metrics import MetricsLog, write_status
 from sexpgpu.train.rank import RankLoop, RunContext, carry_key, params_digest
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.run_folder import RunClaim, claim_run_folder
-from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
 
 __all__ = ["RunSummary", "StepReport", "Trainer"]
@@ -153,8 +151,6 @@ class Trainer:
             )
             for rank in range(local)
         ]
-        make_optimizer(s.optimizer, {}, {})  # unknown names and options
-        make_schedule(s.schedule, 1.0, s.steps)
         ckpt = self._load_resume()
         if ckpt is None and self.location is not None and self.location.remote:
             self.location.steps()  # an unreachable bucket is E-CKPT-004 now, not after step N

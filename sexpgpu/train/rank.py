@@ -24,7 +24,6 @@ import numpy as np
 
 from sexpgpu.devices.base import HostState, Program
 from sexpgpu.devices.collectives import Comms
-from sexpgpu.devices.optim import peak_lr
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.memory import MemoryPlan
 from sexpgpu.runtime.nodes import GradientCarry, NodeLink
@@ -39,7 +38,6 @@ __all__ = ["DIAGNOSTICS", "RankLoop", "RunContext", "carry_key", "params_digest"
 
 log = logging.getLogger(__name__)
 
-DIAGNOSTICS = ("grad-norm", "activation-rms")
 _STATUS_EVERY_S = 1.0  # status.json at most this often (and at the end)
 
 
@@ -146,7 +144,7 @@ class RankLoop:
             program.start(s.optimizer, seed=s.seed, state=state)
             self.loader.restore(ckpt.state["loaders"][self.comms.rank])
             self.rng.bit_generator.state = ckpt.state["rng"]
-        self.schedule = make_schedule(s.schedule, peak_lr(s.optimizer), s.steps)
+        self.schedule = make_schedule(s.schedule, s.optimizer.options["lr"], s.steps)
         self.diagnostics = self._diagnostics()
         self.peak, self.per_s = 0, 0.0  # the run's highest peak_bytes; the last tokens/s
         self.last: dict[str, float | None] = {
@@ -159,21 +157,6 @@ class RankLoop:
     def _diagnostics(self) -> list[Any]:
         chosen = []
         for d in self.s.diagnostics:
-            if d.name not in DIAGNOSTICS:
-                raise SexpgpuError(
-                    "E-TRAIN-001",
-                    f"unknown diagnostic `{d.name}`",
-                    getattr(d, "span", None),
-                    hint=f"use one of {', '.join(DIAGNOSTICS)}",
-                )
-            reduce = getattr(d, "reduce", None) or "mean"
-            if reduce not in REDUCERS:
-                raise SexpgpuError(
-                    "E-TRAIN-001",
-                    f"diagnostic {d.name}: unknown :reduce {reduce}",
-                    getattr(d, "span", None),
-                    hint=f"use one of {', '.join(REDUCERS)}",
-                )
             if d.name == "activation-rms" and not self.program.has_activations:
                 text = "diagnostics: activation-rms skipped: the program exposes no activations"
                 if self.lead:
@@ -284,13 +267,7 @@ class RankLoop:
         extras = {"peak": max(x["peak"] for x in locals_), "diagnostics": {}}
         extras["events"] = [line for x in locals_ for line in x["events"]]
         for d in queued.due:
-            if d.name == "grad-norm":
-                values = [x["grad-norm"] for x in locals_]
-                extras["diagnostics"][d.name] = REDUCERS[d.reduce or "mean"](values)
-            elif d.name == "activation-rms" and self.lead:
-                # Only rank 0 samples activations: one microbatch is a fair sample.
-                values = self.program.activation_rms(queued.batches[0])
-                extras["diagnostics"] |= {f"{d.name}/{k}": float(v) for k, v in values.items()}
+            extras["diagnostics"] |= DIAGNOSTICS[d.name](self, d, queued)
         times.append(elapsed)
         next_began = time.perf_counter()
         if self.lead:
@@ -459,6 +436,26 @@ class RankLoop:
         if residual is None:  # no sum yet; the same on every node
             return None
         return self.link.gather(residual)
+
+
+def _grad_norm(loop: RankLoop, d: Any, queued: _Queued) -> dict[str, float]:
+    """Every rank's gradient norm (sampled in `_update`), folded by the reducer."""
+    return {d.name: REDUCERS[d.reduce]([x["grad-norm"] for x in queued.locals])}
+
+
+def _activation_rms(loop: RankLoop, d: Any, queued: _Queued) -> dict[str, float]:
+    """Rank 0 samples activations: one microbatch is a fair sample."""
+    if not loop.lead:
+        return {}
+    values = loop.program.activation_rms(queued.batches[0])
+    return {f"{d.name}/{k}": float(v) for k, v in values.items()}
+
+
+# name as users type it (the language's table) -> its values at a step that samples it
+DIAGNOSTICS: dict[str, Callable[[RankLoop, Any, _Queued], dict[str, float]]] = {
+    "grad-norm": _grad_norm,
+    "activation-rms": _activation_rms,
+}
 
 
 def _eta(times: list[float], remaining: int) -> float | None:

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.lang.definitions import OptimizerSpec, ScheduleSpec
+from sexpgpu.lang.runs import RUN_KEYS
 
 __all__ = ["RunSettings", "experiment_hash", "microbatches_per_rank"]
 
@@ -17,16 +19,17 @@ __all__ = ["RunSettings", "experiment_hash", "microbatches_per_rank"]
 class RunSettings:
     """What the run loop needs of a `RunDef`, with ``--steps`` applied.
 
-    `optimizer` and `schedule` are the language's specs (``name``,
-    ``options``, ``span``); `diagnostics` its `DiagnosticSpec` tuple.
+    `optimizer` and `schedule` are the language's `OptimizerSpec` and
+    `ScheduleSpec` (every option filled in: `sexpgpu.lang.runs.optimizer_spec`
+    makes one in Python); `diagnostics` its `DiagnosticSpec` tuple.
     """
 
     steps: int
     batch: int
     microbatches: int
     seed: int
-    optimizer: Any
-    schedule: Any = None
+    optimizer: OptimizerSpec
+    schedule: ScheduleSpec = RUN_KEYS["schedule"].default
     clip: float | None = None
     eval_every: int = 0
     eval_batches: int = 0

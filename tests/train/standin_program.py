@@ -32,26 +32,11 @@ class ParamInfo:
 
 
 @dataclass(frozen=True)
-class Spec:
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    span: Any = None
-
-
-@dataclass(frozen=True)
 class Data:
     name: str
     kind: str
     path: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    span: Any = None
-
-
-@dataclass(frozen=True)
-class Diagnostic:
-    name: str
-    every: int
-    reduce: str = "mean"
     span: Any = None
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.lang.runs import optimizer_spec
 from sexpgpu.train.checkpoint import Checkpoint, Location, load_checkpoint, save_checkpoint
 
 
@@ -120,7 +121,7 @@ def test_s3_locations_round_trip_and_fall_back(s3_endpoint):
 
 
 def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
-    from standin_program import Data, Mlp, Spec, on_cpu
+    from standin_program import Data, Mlp, on_cpu
 
     from sexpgpu.train.loop import Trainer
     from sexpgpu.train.settings import RunSettings
@@ -133,7 +134,7 @@ def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
             batch=8,
             microbatches=1,
             seed=0,
-            optimizer=Spec("adamw", {"lr": 1e-2}),
+            optimizer=optimizer_spec("adamw", lr=1e-2),
             checkpoint_every=3,
             checkpoint_location=f"s3://sexpgpu-ckpt/{out}",
         )

@@ -5,8 +5,9 @@ from pathlib import Path
 import numpy as np
 from run_reference import series
 from sigkill_helpers import kill_at_step
-from standin_program import Data, Mlp, Spec, on_cpu
+from standin_program import Data, Mlp, on_cpu
 
+from sexpgpu.lang.runs import optimizer_spec, schedule_spec
 from sexpgpu.train.loop import Trainer
 from sexpgpu.train.settings import RunSettings
 
@@ -28,8 +29,8 @@ def trainer(run_dir: Path, resume: str | None = None) -> Trainer:
         batch=16,
         microbatches=2,
         seed=5,
-        optimizer=Spec("adamw", {"lr": 1e-2}),
-        schedule=Spec("cosine", {"warmup": 5}),
+        optimizer=optimizer_spec("adamw", lr=1e-2),
+        schedule=schedule_spec("cosine", warmup=5),
         clip=1.0,
         checkpoint_every=10,
         checkpoint_location="checkpoints",

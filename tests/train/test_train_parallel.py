@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 from run_reference import series
-from standin_program import Data, Mlp, Spec, on_cpu
+from standin_program import Data, Mlp, on_cpu
 
 from sexpgpu.devices.collectives import Comms, GroupSum, local_sum, sum_over_ranks
 from sexpgpu.devices.state import TrainState
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.lang.runs import optimizer_spec
 from sexpgpu.runtime.group import DeviceGroup
 from sexpgpu.runtime.nodes import GradientCarry
 from sexpgpu.train import load_checkpoint
@@ -15,7 +16,7 @@ from sexpgpu.train.loop import Trainer
 from sexpgpu.train.settings import RunSettings
 
 DIGITS = Data("digits", "digits", options={"split": 0.9})
-ADAMW = Spec("adamw", {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight-decay": 0.1})
+ADAMW = optimizer_spec("adamw", lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
 def _settings(**kw):

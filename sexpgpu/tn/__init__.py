@@ -9,9 +9,10 @@ arXiv:2504.06475). See ``docs/tn.md``.
 import logging
 
 from .api import apply, compress, src
+from .network import compress_network
 from .resources import Resources
 
 # Silent unless the application configures logging.
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
-__all__ = ["Resources", "apply", "compress", "src"]
+__all__ = ["Resources", "apply", "compress", "compress_network", "src"]

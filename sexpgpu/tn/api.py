@@ -16,9 +16,17 @@ from numpy.typing import DTypeLike
 
 from sexpgpu.runtime.oom import FailureInjector
 
-from .args import check_chi_out, check_cutoff, check_device, check_resources, sketch_size
+from .args import (
+    check_chi_out,
+    check_cutoff,
+    check_device,
+    check_resources,
+    check_seed,
+    sketch_size,
+)
 from .engine import backends_for, execute
 from .exact import exact_two_sites
+from .interop import open_trains, quimb_kind
 from .resources import Resources
 from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
@@ -47,7 +55,7 @@ def run_stack(
     *,
     backend: str | None = None,
     inject: FailureInjector | None = None,
-) -> list[Any]:
+) -> Any:
     """Validate every argument, then run the exact path or the sweep.
 
     The engine behind `src`, `apply` and `compress`. Beside their arguments it
@@ -58,10 +66,12 @@ def run_stack(
     chi = check_chi_out(fn, chi_out)
     cut = check_cutoff(fn, cutoff)
     size = sketch_size(fn, chi, oversample)
-    where = check_device(fn, device)
+    check_seed(fn, seed)
+    opened = open_trains(trains, fn, names)
+    where = check_device(fn, device, opened.on_gpu)
     res = check_resources(fn, resources) or Resources()
     check_out(fn, out)
-    stack: Stack = normalize_stack(trains, fn, names)
+    stack: Stack = normalize_stack(opened.trains, fn, names)
     sketch = sketch_dtype(dtype, stack.dtype, fn)
     work = work_dtype(sketch, stack.dtype)
     if stack.n_sites < MIN_SWEEP_SITES:
@@ -73,7 +83,7 @@ def run_stack(
         )
         cores = exact_two_sites([stack.read(0), stack.read(1)], chi, cut, work)
         if out is None:
-            return unpad(cores, stack.kind)
+            return opened.result(unpad(cores, stack.kind), stack.kind)
         sink = DatasetSink(out, stack.n_sites, stack.kind)
         for j, core in enumerate(cores):
             sink.put(j, core)
@@ -89,7 +99,7 @@ def run_stack(
         work,
         where,
     )
-    return execute(
+    result = execute(
         fn,
         stack,
         SketchSource(seed, size, sketch),
@@ -101,6 +111,7 @@ def run_stack(
         out=out,
         inject=inject,
     )
+    return result if out is not None else opened.result(result, stack.kind)
 
 
 def src(
@@ -110,10 +121,10 @@ def src(
     oversample: float | None = 1.0,
     dtype: DTypeLike | None = None,
     seed: int | np.random.Generator | None = None,
-    device: str = "cpu",
+    device: str | None = "cpu",
     resources: Resources | None = None,
     out: object = None,
-) -> list[Any]:
+) -> Any:
     """Contract a stack of tensor trains and compress the product in one SRC sweep.
 
     Successive randomized compression (Camaño, Epperly and Tropp,
@@ -134,8 +145,10 @@ def src(
         Each train a list of per-site arrays in quimb's layout: MPO bulk
         ``(l, r, u, d)``, MPS bulk ``(l, r, p)``, boundary sites without the
         outer bond. A site may be any array-like with ``shape``, ``dtype`` and
-        ``np.asarray`` (``np.memmap``, an HDF5 or zarr dataset); it is read
-        when the sweep reaches it, once per pass.
+        ``np.asarray`` (``np.memmap``, an HDF5 or zarr dataset, a torch
+        tensor or CuPy array); it is read when the sweep reaches it, once per
+        pass. A quimb ``MatrixProductState`` or ``MatrixProductOperator`` is
+        read by its index names.
     chi_out : int
         The largest bond dimension of the result.
     cutoff : float, default 0.0
@@ -151,10 +164,12 @@ def src(
         (complex Ginibre sketches for complex inputs). The result has the
         sketch dtype promoted with the inputs'.
     seed : int or numpy.random.Generator, optional
-        Seeds the sketches; the same seed gives the same result.
-    device : {"cpu", "gpu", "cuda"}, default "cpu"
+        Seeds the sketches (anything `numpy.random.default_rng` takes); the
+        same seed gives the same result.
+    device : {"cpu", "gpu", "cuda"} or None, default "cpu"
         Where the sweep runs: NumPy on the host, or PyTorch on a GPU
-        (``"gpu"`` and ``"cuda"`` are the same). The result is NumPy either way.
+        (``"gpu"`` and ``"cuda"`` are the same); None: on a GPU when a site
+        lives on one.
     resources : Resources, optional
         Memory budgets (detected when unset), the scratch directory for
         environments that do not fit, and the devices to split the sketch
@@ -166,8 +181,9 @@ def src(
 
     Returns
     -------
-    list of numpy.ndarray, or of datasets
-        The compressed train in quimb's layout: right-canonical, or
+    list of numpy.ndarray, or of datasets, or a quimb object
+        The compressed train in quimb's layout (a quimb MPS or MPO, names and
+        tags kept, when a train was one): right-canonical, or
         left-canonical (norm on the last site) after an oversampled sweep.
         Two-site stacks are contracted and truncated exactly (right-canonical),
         with a logged warning. With ``out``, the datasets written there (or
@@ -176,8 +192,9 @@ def src(
     Raises
     ------
     TypeError
-        ``chi_out`` not an integer, a train or site of the wrong type, an
-        unknown layout, or an MPS in the middle or at both ends.
+        ``chi_out`` not an integer, a train or site of the wrong type (or of
+        float16), a ``seed`` NumPy cannot take, an unknown layout, or an MPS
+        in the middle or at both ends.
     ValueError
         ``chi_out < 1``; ``cutoff`` outside ``[0, 1)``; ``oversample`` below 1
         or not finite; an empty stack or train; a closed boundary; bonds that
@@ -209,10 +226,10 @@ def apply(
     oversample: float | None = 1.0,
     dtype: DTypeLike | None = None,
     seed: int | np.random.Generator | None = None,
-    device: str = "cpu",
+    device: str | None = "cpu",
     resources: Resources | None = None,
     out: object = None,
-) -> list[Any]:
+) -> Any:
     """Apply an MPO to an MPS or an MPO and compress the product by SRC.
 
     ``apply(A, B, chi_out)`` is ``src(A, B, chi_out=chi_out)`` with an MPO on the
@@ -273,10 +290,10 @@ def compress(
     oversample: float | None = 1.0,
     dtype: DTypeLike | None = None,
     seed: int | np.random.Generator | None = None,
-    device: str = "cpu",
+    device: str | None = "cpu",
     resources: Resources | None = None,
     out: object = None,
-) -> list[Any]:
+) -> Any:
     """Compress one MPS or MPO to bond dimension ``chi_out`` by SRC.
 
     ``compress(T, chi_out)`` is ``src(T, chi_out=chi_out)`` (Camaño, Epperly and
@@ -318,6 +335,9 @@ def compress(
 
 def _first_rank(train: object) -> int | None:
     """The rank of a train's first site, or None when that is not yet checkable."""
+    kind = quimb_kind(train)
+    if kind is not None:
+        return 2 if kind == "mps" else 3
     if not isinstance(train, Sequence) or isinstance(train, str | bytes) or len(train) == 0:
         return None
     shape = getattr(train[0], "shape", None)

@@ -9,9 +9,18 @@ from __future__ import annotations
 import numbers
 from math import ceil, isfinite
 
+import numpy as np
+
 from .resources import Resources
 
-__all__ = ["check_chi_out", "check_cutoff", "check_device", "check_resources", "sketch_size"]
+__all__ = [
+    "check_chi_out",
+    "check_cutoff",
+    "check_device",
+    "check_resources",
+    "check_seed",
+    "sketch_size",
+]
 
 DEVICES = ("cpu", "gpu", "cuda")
 
@@ -65,8 +74,31 @@ def sketch_size(fn: str, chi_out: int, oversample: object) -> int:
     return ceil(float(oversample) * chi_out)
 
 
-def check_device(fn: str, device: object) -> str:
+def check_seed(fn: str, seed: object) -> object:
+    """Return ``seed`` when `numpy.random.default_rng` takes it; else say what it takes.
+
+    Raises
+    ------
+    TypeError
+        A seed of the wrong type (a string, a float).
+    ValueError
+        A negative integer.
+    """
+    try:
+        np.random.default_rng(seed)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as err:
+        raise type(err)(
+            f"{fn}: seed must be None, a non-negative integer (or a sequence of them), a "
+            f"numpy.random.SeedSequence or a numpy.random.Generator, got {seed!r}; pass e.g. "
+            "seed=0."
+        ) from None
+    return seed
+
+
+def check_device(fn: str, device: object, on_gpu: bool = False) -> str:
     """Return ``"cpu"`` or ``"cuda"`` (for ``"gpu"`` and ``"cuda"``), checking CUDA.
+
+    ``None`` follows the sites: ``"cuda"`` when any lives on a GPU (``on_gpu``).
 
     Raises
     ------
@@ -77,9 +109,12 @@ def check_device(fn: str, device: object) -> str:
     RuntimeError
         ``"gpu"`` where torch sees no CUDA device.
     """
+    if device is None:
+        device = "gpu" if on_gpu else "cpu"
     if not isinstance(device, str) or device not in DEVICES:
         raise ValueError(
-            f"{fn}: device must be 'cpu', 'gpu' or 'cuda', got {device!r}; pass device='cpu' "
+            f"{fn}: device must be 'cpu', 'gpu', 'cuda' or None (where the sites are), got "
+            f"{device!r}; pass device='cpu' "
             "for the NumPy sweep or device='gpu' for PyTorch on a GPU."
         )
     if device == "cpu":

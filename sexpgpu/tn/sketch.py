@@ -15,6 +15,8 @@ import threading
 import numpy as np
 from numpy.typing import DTypeLike
 
+from .trains import COMPUTE_DTYPES
+
 __all__ = ["SharedSketches", "SketchSource", "sketch_dtype", "work_dtype"]
 
 
@@ -39,7 +41,7 @@ def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype, fn: str = "src") -> 
     Raises
     ------
     ValueError
-        If ``dtype`` is not a floating or complex dtype.
+        If ``dtype`` is not float32, float64, complex64 or complex128.
     TypeError
         If ``dtype`` is not a dtype at all.
     """
@@ -52,10 +54,11 @@ def sketch_dtype(dtype: DTypeLike | None, inputs: np.dtype, fn: str = "src") -> 
             f"{fn}: dtype={dtype!r} is not a NumPy dtype; pass e.g. np.float64 or np.complex128, "
             "or None to follow the inputs."
         ) from err
-    if resolved.kind not in "fc":
+    if resolved.name not in COMPUTE_DTYPES:
         raise ValueError(
-            f"{fn}: dtype={resolved} is not a floating or complex dtype; pass e.g. np.float32, "
-            "np.float64, np.complex64 or np.complex128, or None to follow the inputs."
+            f"{fn}: dtype={resolved} is not a floating or complex dtype the sweep computes "
+            "in; pass np.float32, np.float64, np.complex64 or np.complex128, or None to "
+            "follow the inputs."
         )
     return resolved
 

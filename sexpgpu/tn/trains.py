@@ -26,12 +26,15 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Kind", "Layer", "Stack", "normalize_stack", "unpad", "unpad_core"]
+__all__ = ["COMPUTE_DTYPES", "Kind", "Layer", "Stack", "normalize_stack", "unpad", "unpad_core"]
 
 Kind = Literal["mps", "mpo"]
 Shape4 = tuple[int, int, int, int]
 
 _BOUNDARY_RANK = {"mps": 2, "mpo": 3}
+
+# Floating dtypes the sweep computes in (BLAS and cuBLAS products have no other).
+COMPUTE_DTYPES = ("float32", "float64", "complex64", "complex128")
 
 
 @dataclass(frozen=True)
@@ -173,11 +176,7 @@ def _check_train(fn: str, names: Sequence[str], i: int, train: object) -> Kind:
                 f"{_where(fn, names, i, j)} is a {type(site).__name__} without shape and "
                 "dtype; pass a NumPy array, np.memmap, or an HDF5 or zarr dataset."
             )
-        if np.dtype(site.dtype).kind not in "biufc":
-            raise TypeError(
-                f"{_where(fn, names, i, j)} has dtype {site.dtype}; pass numeric arrays "
-                "(float32/64 or complex64/128)."
-            )
+        _check_dtype(_where(fn, names, i, j), site.dtype)
         if any(n < 1 for n in _shape(site)):
             raise ValueError(
                 f"{_where(fn, names, i, j)} has an empty dimension, shape {_shape(site)}; "
@@ -226,6 +225,25 @@ def _check_bonds(fn: str, names: Sequence[str], i: int, train: Sequence[Any], ki
                 f"{_where(fn, names, i, j)} has right bond {right} but site {j + 1} has left "
                 f"bond {left}; neighbouring sites must share their bond dimension."
             )
+
+
+def _check_dtype(where: str, dtype: object) -> None:
+    """Numeric sites only; floating ones in a precision the sweep computes in."""
+    try:
+        resolved = np.dtype(dtype)  # type: ignore[call-overload]
+        name = resolved.name
+    except TypeError:
+        resolved, name = None, str(dtype)  # a dtype NumPy lacks, e.g. torch's bfloat16
+    if resolved is not None and resolved.kind not in "biufc":
+        raise TypeError(
+            f"{where} has dtype {dtype}; pass numeric arrays (float32/64 or complex64/128)."
+        )
+    if resolved is None or (resolved.kind in "fc" and name not in COMPUTE_DTYPES):
+        raise TypeError(
+            f"{where} has dtype {name}, which the sweep does not compute in (it runs in "
+            "float32, float64, complex64 or complex128); convert the sites first, e.g. "
+            "[t.astype(np.float32) for t in train]."
+        )
 
 
 def _check_roles(fn: str, names: Sequence[str], kinds: Sequence[Kind]) -> None:

@@ -9,6 +9,7 @@ import pytest
 import quimb.tensor as qtn
 import src_method
 import torch
+from quimb.tensor.tnag.core import tensor_network_apply_op_vec
 from tn_helpers import random_mpo, random_mps
 
 from sexpgpu.tn import Resources, apply, compress, src
@@ -147,12 +148,47 @@ CASES = [
         True,
     ),
     (
-        "quimb_object",
-        lambda m: m.compress(qtn.MPS_rand_state(N, 3), 4),
+        "quimb_lazy_network",
+        lambda m: m.compress(
+            tensor_network_apply_op_vec(
+                qtn.MPO_rand(N, 2), qtn.MPS_rand_state(N, 3), contract=False
+            ),
+            4,
+        ),
+        TypeError,
+        ["tensor", "train 0", "lazy network", "compress_network"],
+        False,
+    ),
+    (
+        "quimb_network_not_a_train",
+        lambda m: m.compress(qtn.TensorNetwork([qtn.rand_tensor((2, 2), "ab")]), 4),
         TypeError,
         ["tensor", "train 0", ".arrays"],
         False,
     ),
+    (
+        "float16_sites",
+        lambda m: m.compress([t.astype(np.float16) for t in _mps()], 4),
+        TypeError,
+        ["tensor", "train 0", "site 0", "float16", "float32"],
+        False,
+    ),
+    (
+        "bfloat16_torch_sites",
+        lambda m: m.compress([torch.from_numpy(t).bfloat16() for t in _mps()], 4),
+        TypeError,
+        ["tensor", "train 0", "site 0", "bfloat16", "float32"],
+        False,
+    ),
+    (
+        "float16_dtype",
+        lambda m: m.compress(_mps(), 4, dtype=np.float16),
+        ValueError,
+        ["dtype=float16", "np.float32"],
+        False,
+    ),
+    ("seed_str", lambda m: m.compress(_mps(), 4, seed="abc"), TypeError, ["seed", "'abc'"], True),
+    ("seed_negative", lambda m: m.compress(_mps(), 4, seed=-1), ValueError, ["seed", "-1"], True),
     (
         "site_without_shape",
         lambda m: m.compress([*_mps()[:2], [[1.0]], *_mps()[3:]], 4),

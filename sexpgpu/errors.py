@@ -109,7 +109,6 @@ CODES: dict[str, str] = {
     "E-DATA-002": "data set empty, or too short for the sequence length, batch or split",
     "E-DATA-003": "data file of the wrong dtype or size",
     "E-DATA-004": "data field missing, or fields of different lengths",
-    "E-DATA-005": "unknown data source or bad data option",
     "E-DATA-006": "an id in the data is out of range for the model (vocabulary or classes)",
     "E-DATA-007": "float data holds NaN or infinite values",
     # training runs

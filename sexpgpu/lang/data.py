@@ -6,7 +6,9 @@ not, its own options, and the fields a microbatch holds. Stream sources
 (bytes, tokens, python-stdlib) need ``:seq`` and yield ``tokens`` and
 ``next``. Nothing is opened here: the loader in `sexpgpu.train` reads the
 data; this layer only checks the definition and resolves the path against
-the experiment file.
+the experiment file. It is the one table of source names, their options and
+defaults (`DEFAULT_SPLIT`, `TOKEN_DTYPES`); the loader's sources are keyed by
+the same names and check nothing again (tests/train/test_train_names.py).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from sexpgpu.lang.suggest import options_hint
 from sexpgpu.lang.syntax import ListNode, Literal, Node, Symbol, Vector, describe, unparse
 from sexpgpu.lang.values import Value, choice, integer, number, show_value, string
 
-__all__ = ["DEFAULT_SPLIT", "SOURCES", "STREAM_FIELDS", "DataSource"]
+__all__ = ["DEFAULT_SPLIT", "SOURCES", "STREAM_FIELDS", "TOKEN_DTYPES", "DataSource"]
 
 DEFAULT_SPLIT = 0.9
 STREAM_FIELDS = ("tokens", "next")
+# `:dtype` of a `tokens` file: little-endian unsigned ids, the first the default
+# (nanoGPT's and llm.c's token files are u16; u32 holds vocabularies past 65536).
+TOKEN_DTYPES = ("u16", "u32")
 
 OptionsReader = Callable[[KeyArgs, Mapping[str, Value], str], dict[str, Any]]
 
@@ -54,9 +59,9 @@ def _register(source: DataSource) -> None:
 
 
 def _tokens_options(args: KeyArgs, env: Mapping[str, Value], where: str) -> dict[str, Any]:
-    node = args["dtype"][1] if "dtype" in args else None
-    dtype = "u16" if node is None else choice(node, env, f"`:dtype` of {where}", ("u16", "u32"))
-    return {"dtype": dtype}
+    if "dtype" not in args:
+        return {"dtype": TOKEN_DTYPES[0]}
+    return {"dtype": choice(args["dtype"][1], env, f"`:dtype` of {where}", TOKEN_DTYPES)}
 
 
 def _arrays_options(args: KeyArgs, env: Mapping[str, Value], where: str) -> dict[str, Any]:

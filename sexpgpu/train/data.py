@@ -11,6 +11,10 @@ consumed) and a resume continues exactly where the run stopped::
     step s, microbatches M, ranks R, rank r
     global microbatch g = s*M + r*(M/R) + j      for j in 0 .. M/R-1
 
+The `DataDef` comes from the language (`sexpgpu.lang.data`), which holds the
+source names, options and defaults: every option is filled in and checked
+there, so a source here only opens and reads.
+
 Token streams: the first ``split`` of the stream trains, the rest evaluates.
 Training windows of ``seq + 1`` tokens start at random offsets drawn from
 ``default_rng([seed, g])``; evaluation uses consecutive windows from the
@@ -42,6 +46,7 @@ from sexpgpu.train.settings import microbatches_per_rank
 
 __all__ = [
     "SOURCES",
+    "TOKEN_DTYPES",
     "ArrayLoader",
     "ArraySet",
     "Loader",
@@ -52,8 +57,8 @@ __all__ = [
     "source",
 ]
 
-DEFAULT_SPLIT = 0.9
-_TOKEN_DTYPES = {"u8": "<u1", "u16": "<u2", "u32": "<u4", "i32": "<i4"}
+# `:dtype` of a `tokens` file (the language's TOKEN_DTYPES) -> its NumPy dtype
+TOKEN_DTYPES = {"u16": np.dtype("<u2"), "u32": np.dtype("<u4")}
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class ArraySet:
 
 DataSet = TokenStream | ArraySet
 
-# name as users type it -> function(DataDef) -> DataSet
+# name as users type it (the language's table) -> function(DataDef) -> DataSet
 SOURCES: dict[str, Callable[[Any], DataSet]] = {}
 
 
@@ -91,45 +96,14 @@ def source(name: str) -> Callable[[Callable[[Any], DataSet]], Callable[[Any], Da
     return register
 
 
-def _where(data: Any) -> Any:
-    return getattr(data, "span", None) or getattr(data, "name", None)
-
-
-def _split(data: Any) -> float:
-    split = float(data.options.get("split", DEFAULT_SPLIT))
-    if not 0.0 < split <= 1.0:  # 1 trains on everything: the language then forbids :eval
-        raise SexpgpuError(
-            "E-DATA-005",
-            f"data set `{data.name}`: :split {split} is not above 0 and at most 1",
-            _where(data),
-            hint="write the training fraction, e.g. :split 0.9",
-        )
-    return split
-
-
-def _seq(data: Any) -> int:
-    seq = data.options.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise SexpgpuError(
-            "E-DATA-005",
-            f"data set `{data.name}`: a token stream needs :seq, a positive integer (got {seq!r})",
-            _where(data),
-            hint="add the window length, e.g. :seq 64",
-        )
-    return seq
-
-
 def _existing_file(data: Any) -> Path:
     """The data set's file, when it is a regular file with something in it."""
-    problem = None if data.path is None else file_problem(data.path)
-    if data.path is None or problem is not None:
+    problem = file_problem(data.path)
+    if problem is not None:
         # A folder, a FIFO or a device may be there, but none can be read as data: say which.
-        what, hint = problem or ("is not given", "name a data file")
+        what, hint = problem
         raise SexpgpuError(
-            "E-DATA-001",
-            f"data set `{data.name}`: {data.path} {what}",
-            str(data.path) if data.path is not None else _where(data),
-            hint=hint,
+            "E-DATA-001", f"data set `{data.name}`: {data.path} {what}", str(data.path), hint=hint
         )
     path = Path(data.path)
     if path.stat().st_size == 0:
@@ -144,21 +118,13 @@ def _existing_file(data: Any) -> Path:
 
 @source("bytes")
 def _bytes(data: Any) -> TokenStream:
-    return _token_file(data, _existing_file(data), np.dtype(_TOKEN_DTYPES["u8"]), "u8")
+    return _token_file(data, _existing_file(data), np.dtype(np.uint8), "u8")
 
 
 @source("tokens")
 def _tokens(data: Any) -> TokenStream:
-    path = _existing_file(data)
-    name = str(data.options.get("dtype", "u16"))
-    if name not in _TOKEN_DTYPES:
-        raise SexpgpuError(
-            "E-DATA-003",
-            f"data set `{data.name}`: unknown token dtype {name!r} for {path}",
-            str(path),
-            hint=f"use one of {', '.join(_TOKEN_DTYPES)}",
-        )
-    return _token_file(data, path, np.dtype(_TOKEN_DTYPES[name]), name)
+    name = data.options["dtype"]
+    return _token_file(data, _existing_file(data), TOKEN_DTYPES[name], name)
 
 
 def _token_file(data: Any, path: Path, dtype: np.dtype, name: str) -> TokenStream:
@@ -173,7 +139,7 @@ def _token_file(data: Any, path: Path, dtype: np.dtype, name: str) -> TokenStrea
             hint="check :dtype: the file was perhaps written as another integer width",
         )
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    return TokenStream(tokens, _seq(data), _split(data), str(path))
+    return TokenStream(tokens, data.options["seq"], data.options["split"], str(path))
 
 
 @functools.lru_cache(maxsize=1)
@@ -199,7 +165,8 @@ def python_stdlib_bytes() -> np.ndarray:
 
 @source("python-stdlib")
 def _python_stdlib(data: Any) -> TokenStream:
-    return TokenStream(python_stdlib_bytes(), _seq(data), _split(data), "python-stdlib")
+    options = data.options
+    return TokenStream(python_stdlib_bytes(), options["seq"], options["split"], "python-stdlib")
 
 
 def _check_int32_range(value: np.ndarray, key: str, where: str, name: str) -> None:
@@ -266,15 +233,11 @@ def _sample_arrays(raw: Mapping[str, np.ndarray], where: str, name: str) -> dict
     return out
 
 
-def _field_name(item: Any) -> str:
-    return str(getattr(item, "name", item))
-
-
 @source("arrays")
 def _arrays(data: Any) -> ArraySet:
     path = _existing_file(data)
     members = npz_members(path, data.name, str(path))
-    wanted = [_field_name(f) for f in data.options.get("fields", ())] or list(members)
+    wanted = list(data.options["fields"])
     missing = [f for f in wanted if f not in members]
     if missing:
         raise SexpgpuError(
@@ -286,7 +249,7 @@ def _arrays(data: Any) -> ArraySet:
     _check_fits_in_memory([members[f] for f in wanted], path, data.name)
     raw = _read_members(path, [members[f] for f in wanted], data.name)
     return ArraySet(_sample_arrays(dict(zip(wanted, raw, strict=True)), str(path), data.name),
-                    _split(data), str(path))  # fmt: skip
+                    data.options["split"], str(path))  # fmt: skip
 
 
 def _memory_bytes() -> int | None:
@@ -346,7 +309,7 @@ def _digits(data: Any) -> ArraySet:
         "x": (bunch.data / 16.0).astype(np.float32),  # pixels 0..16 -> [0, 1]
         "y": bunch.target.astype(np.int32),
     }
-    return ArraySet(fields, _split(data), "digits")
+    return ArraySet(fields, data.options["split"], "digits")
 
 
 class Loader(Protocol):
@@ -516,8 +479,9 @@ def make_loader(
     Parameters
     ----------
     data
-        The `DataDef`: ``name``, ``kind`` (a key of `SOURCES`), ``path``,
-        ``options`` (``seq``, ``split``, ``dtype``, ``fields``) and ``span``.
+        The language's `DataDef`: ``name``, ``kind`` (a key of `SOURCES`),
+        ``path``, ``options`` (every one filled in: ``seq``, ``split``,
+        ``dtype``, ``fields``).
     batch
         Rows per microbatch.
     microbatches
@@ -527,17 +491,9 @@ def make_loader(
     rank, ranks
         Which share of every step this loader yields.
     """
-    kind = data.kind
-    if kind not in SOURCES:
-        raise SexpgpuError(
-            "E-DATA-005",
-            f"unknown data source `{kind}`",
-            _where(data),
-            hint=f"use one of {', '.join(sorted(SOURCES))}",
-        )
     layout = {"batch": batch, "microbatches": microbatches, "seed": seed}
     layout |= {"rank": rank, "ranks": ranks}
-    dataset = SOURCES[kind](data)
+    dataset = SOURCES[data.kind](data)
     if isinstance(dataset, TokenStream):
         return StreamLoader(dataset, data.name, **layout)
     return ArrayLoader(dataset, data.name, **layout)

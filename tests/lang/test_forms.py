@@ -296,6 +296,7 @@ def test_wrong_body_count():
         ('(bytes "corpus.txt")', '(arrays "a.txt")', "E-FORM-005", "`arrays` reads a .npz"),
         ('(bytes "corpus.txt")', '(bytes "s3://b/c")', "E-FORM-005", "must name a local file"),
         ('(bytes "corpus.txt")', "(digits)", "E-FORM-003", "`:seq` does not apply to `digits`"),
+        ('(bytes "corpus.txt")', '(tokens "t.bin" :dtype f32)', "E-FORM-005", "one of u16, u32"),
         ("net (tokens)", "net (tokns)", "E-FORM-006", "model `net` takes `tokns`"),
         ("(defrun train", "(defrun heads", "E-FORM-004", "duplicate definition of `heads`"),
         ("(defrun train", "(defvariant small)\n(defrun train", "E-FORM-004", "duplicate variant"),

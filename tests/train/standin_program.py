@@ -9,13 +9,13 @@ language model (fields ``tokens``, ``next``), each with hand-written gradients.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sexpgpu.devices.state import SummingKernels, TrainState
+from sexpgpu.lang import DataDef, load_experiment_text
 
 
 def on_cpu(kernels) -> TrainState:
@@ -31,13 +31,14 @@ class ParamInfo:
     decay: bool = True
 
 
-@dataclass(frozen=True)
-class Data:
-    name: str
-    kind: str
-    path: Path | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    span: Any = None
+def defdata(name: str, source: str, **keys: Any) -> DataDef:
+    """The `DataDef` the language reads from ``(defdata NAME SOURCE :key value...)``.
+
+    `source` is the source call as written (``"(digits)"``, ``'(bytes "/tmp/t.txt")'``);
+    every option the keys leave out takes the language's default.
+    """
+    written = " ".join(f":{key} {value}" for key, value in keys.items())
+    return load_experiment_text(f"(defdata {name} {source} {written})").data[name]
 
 
 def _softmax_xent(logits: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray]:

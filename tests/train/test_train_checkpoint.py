@@ -121,7 +121,7 @@ def test_s3_locations_round_trip_and_fall_back(s3_endpoint):
 
 
 def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
-    from standin_program import Data, Mlp, on_cpu
+    from standin_program import Mlp, defdata, on_cpu
 
     from sexpgpu.train.loop import Trainer
     from sexpgpu.train.settings import RunSettings
@@ -140,7 +140,7 @@ def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
         )
         return Trainer(
             lambda r: on_cpu(Mlp(batch=8)),
-            Data("d", "digits", options={"split": 0.9}),
+            defdata("d", "(digits)"),
             s,
             tmp_path / out,
             experiment_hash="h",

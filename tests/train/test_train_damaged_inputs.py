@@ -8,12 +8,13 @@ import json
 import os
 import zipfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from standin_program import defdata
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.lang import DataDef
 from sexpgpu.train import data as data_module
 from sexpgpu.train.checkpoint import (
     Checkpoint,
@@ -26,10 +27,8 @@ from sexpgpu.train.data import make_loader
 from sexpgpu.train.run_folder import RECORD, claim_run_folder
 
 
-def _arrays(path: Path) -> SimpleNamespace:
-    return SimpleNamespace(
-        name="d", kind="arrays", path=path, options={"fields": ("x", "y")}, span=None
-    )
+def _arrays(path: Path) -> DataDef:
+    return defdata("d", f'(arrays "{path}" :fields [x y])')
 
 
 def _error(fn) -> SexpgpuError:

@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 import pytest
-from standin_program import Data
+from standin_program import defdata
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.data import make_loader, python_stdlib_bytes
@@ -15,7 +15,7 @@ def _bytes_file(tmp_path, n=5000, seed=0):
 
 
 def _stream(tmp_path, **layout):
-    data = Data("text", "bytes", _bytes_file(tmp_path), {"seq": 8, "split": 0.9})
+    data = defdata("text", f'(bytes "{_bytes_file(tmp_path)}")', seq=8)
     return make_loader(data, **({"batch": 4, "seed": 7} | layout))
 
 
@@ -84,7 +84,7 @@ def test_token_files_are_memory_mapped(tmp_path, dtype, np_dtype):
     path = tmp_path / "tokens.bin"
     values = np.arange(3000, dtype=np_dtype) * 7 % 50000
     values.tofile(path)
-    data = Data("toks", "tokens", path, {"seq": 16, "split": 0.5, "dtype": dtype})
+    data = defdata("toks", f'(tokens "{path}" :dtype {dtype})', seq=16, split=0.5)
     loader = make_loader(data, batch=2, seed=0)
     assert isinstance(loader._train_part.base, np.memmap) or isinstance(
         loader._train_part, np.memmap
@@ -97,7 +97,7 @@ def test_token_files_are_memory_mapped(tmp_path, dtype, np_dtype):
 def test_arrays_split_is_disjoint_and_epochs_cover_every_sample(tmp_path):
     path = tmp_path / "set.npz"
     np.savez(path, x=np.arange(40, dtype=np.float64).reshape(20, 2), y=np.arange(20))
-    data = Data("set", "arrays", path, {"fields": ("x", "y"), "split": 0.75})
+    data = defdata("set", f'(arrays "{path}" :fields [x y])', split=0.75)
     loader = make_loader(data, batch=5, seed=3)
     seen = np.concatenate([loader.next_step()[0]["y"] for _ in range(3)])  # one epoch: 15
     evals = np.concatenate([b["y"] for b in loader.eval_batches(1)])
@@ -107,7 +107,7 @@ def test_arrays_split_is_disjoint_and_epochs_cover_every_sample(tmp_path):
 
 
 def test_digits_yield_scaled_pixels_and_labels():
-    loader = make_loader(Data("d", "digits", options={"split": 0.9}), batch=32, seed=0)
+    loader = make_loader(defdata("d", "(digits)"), batch=32, seed=0)
     (batch,) = loader.next_step()
     assert batch["x"].shape == (32, 64) and batch["x"].dtype == np.float32
     assert batch["x"].min() >= 0.0 and batch["x"].max() <= 1.0
@@ -120,7 +120,7 @@ def test_python_stdlib_is_deterministic_text():
     assert len(blob) > 1_000_000
     assert blob is python_stdlib_bytes()  # cached
     assert b"def " in blob[:200_000].tobytes()
-    data = Data("text", "python-stdlib", options={"seq": 32, "split": 0.9})
+    data = defdata("text", "(python-stdlib)", seq=32)
     (batch,) = make_loader(data, batch=2, seed=1).next_step()
     assert batch["tokens"].shape == (2, 32)
 
@@ -132,34 +132,25 @@ def _error(data, **layout):
 
 
 def test_data_errors_name_the_file_and_the_fix(tmp_path):
-    missing = _error(Data("t", "bytes", tmp_path / "nope.txt", {"seq": 4}))
+    missing = _error(defdata("t", f'(bytes "{tmp_path / "nope.txt"}")', seq=4))
     assert missing.code == "E-DATA-001" and "nope.txt" in missing.message
     assert "relative to the experiment file" in missing.hint
 
     (tmp_path / "empty.txt").write_bytes(b"")
-    empty = _error(Data("t", "bytes", tmp_path / "empty.txt", {"seq": 4}))
+    empty = _error(defdata("t", f'(bytes "{tmp_path / "empty.txt"}")', seq=4))
     assert empty.code == "E-DATA-002" and "empty.txt is empty" in empty.message
 
     (tmp_path / "short.txt").write_bytes(b"0123456789")
-    short = _error(Data("t", "bytes", tmp_path / "short.txt", {"seq": 8, "split": 0.5}))
+    short = _error(defdata("t", f'(bytes "{tmp_path / "short.txt"}")', seq=8, split=0.5))
     assert short.code == "E-DATA-002" and "fewer than :seq + 1 = 9" in short.message
 
     (tmp_path / "odd.bin").write_bytes(b"abc")
-    odd = _error(Data("t", "tokens", tmp_path / "odd.bin", {"seq": 1, "dtype": "u16"}))
+    odd = _error(defdata("t", f'(tokens "{tmp_path / "odd.bin"}")', seq=1))
     assert odd.code == "E-DATA-003" and "3 bytes" in odd.message
-    bad = _error(Data("t", "tokens", tmp_path / "odd.bin", {"seq": 1, "dtype": "f32"}))
-    assert bad.code == "E-DATA-003" and "u16, u32" in bad.hint
 
     np.savez(tmp_path / "a.npz", x=np.zeros((4, 2)), y=np.zeros(3))
-    field = _error(Data("a", "arrays", tmp_path / "a.npz", {"fields": ("x", "label")}))
+    field = _error(defdata("a", f'(arrays "{tmp_path / "a.npz"}" :fields [x label])'))
     assert field.code == "E-DATA-004" and "no field label" in field.message
     assert "x, y" in field.hint
-    lengths = _error(Data("a", "arrays", tmp_path / "a.npz", {"fields": ("x", "y")}))
+    lengths = _error(defdata("a", f'(arrays "{tmp_path / "a.npz"}" :fields [x y])'))
     assert lengths.code == "E-DATA-004" and "different lengths" in lengths.message
-
-    split = _error(Data("t", "digits", None, {"split": 1.5}))
-    assert split.code == "E-DATA-005"
-    noseq = _error(Data("t", "python-stdlib", None, {}))
-    assert noseq.code == "E-DATA-005" and ":seq" in noseq.hint
-    kind = _error(Data("t", "csv", None, {}))
-    assert kind.code == "E-DATA-005" and "python-stdlib" in kind.hint

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 from run_reference import series
 from sigkill_helpers import kill_at_step
-from standin_program import Data, Mlp, on_cpu
+from standin_program import Mlp, defdata, on_cpu
 
 from sexpgpu.lang.runs import optimizer_spec, schedule_spec
 from sexpgpu.train.loop import Trainer
@@ -35,7 +35,7 @@ def trainer(run_dir: Path, resume: str | None = None) -> Trainer:
         checkpoint_every=10,
         checkpoint_location="checkpoints",
     )
-    data = Data("digits", "digits", options={"split": 0.9})
+    data = defdata("digits", "(digits)")
     return Trainer(
         lambda r: on_cpu(Mlp(batch=16)), data, settings, run_dir, experiment_hash="h", resume=resume
     )

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 from run_reference import series, torch_mlp_losses
-from standin_program import Bigram, Data, Mlp, on_cpu
+from standin_program import Bigram, Mlp, defdata, on_cpu
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.definitions import DiagnosticSpec
@@ -15,7 +15,7 @@ from sexpgpu.train.metrics import read_metrics
 from sexpgpu.train.schedules import make_schedule
 from sexpgpu.train.settings import RunSettings
 
-DIGITS = Data("digits", "digits", options={"split": 0.9})
+DIGITS = defdata("digits", "(digits)")
 ADAMW = optimizer_spec("adamw", lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 
@@ -158,7 +158,7 @@ def test_a_token_stream_trains_below_uniform(tmp_path):
         eval_every=60,
         eval_batches=2,
     )
-    text = Data("text", "python-stdlib", options={"seq": 32, "split": 0.9})
+    text = defdata("text", "(python-stdlib)", seq=32)
     summary = Trainer(
         lambda r: on_cpu(Bigram(batch=8, seq=32)),
         text,

@@ -7,8 +7,9 @@ is the link between the two sides.
 import inspect
 
 from sexpgpu.devices import optim
+from sexpgpu.lang import data as lang_data
 from sexpgpu.lang import runs
-from sexpgpu.train import metrics, rank, schedules
+from sexpgpu.train import data, metrics, rank, schedules
 
 
 def _keywords(rule) -> set[str]:
@@ -29,3 +30,8 @@ def test_every_schedule_the_language_reads_is_a_rule_of_its_options():
 def test_every_diagnostic_and_reducer_is_implemented():
     assert set(runs.DIAGNOSTICS) == set(rank.DIAGNOSTICS)
     assert set(runs.REDUCERS) == set(metrics.REDUCERS)
+
+
+def test_every_data_source_and_token_dtype_the_language_reads_is_implemented():
+    assert set(lang_data.SOURCES) == set(data.SOURCES)
+    assert set(lang_data.TOKEN_DTYPES) == set(data.TOKEN_DTYPES)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from run_reference import series
-from standin_program import Data, Mlp, on_cpu
+from standin_program import Mlp, defdata, on_cpu
 
 from sexpgpu.devices.collectives import Comms, GroupSum, local_sum, sum_over_ranks
 from sexpgpu.devices.state import TrainState
@@ -15,7 +15,7 @@ from sexpgpu.train import load_checkpoint
 from sexpgpu.train.loop import Trainer
 from sexpgpu.train.settings import RunSettings
 
-DIGITS = Data("digits", "digits", options={"split": 0.9})
+DIGITS = defdata("digits", "(digits)")
 ADAMW = optimizer_spec("adamw", lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
 

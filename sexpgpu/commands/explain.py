@@ -29,6 +29,7 @@ from sexpgpu.ir.compile import CompiledRun, compile_run
 from sexpgpu.ir.printer import format_graph
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.lang import Experiment, RunDef, load_experiment
+from sexpgpu.runtime.devices import DEVICE_KINDS
 from sexpgpu.runtime.units import format_bytes
 from sexpgpu.train.settings import microbatches_per_rank
 
@@ -81,9 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the training graph (loss and gradients; default) or the evaluation graph",
     )
     parser.add_argument("--no-spans", action="store_true", help="leave out source positions")
-    parser.add_argument(
-        "--device", choices=["cpu", "cuda"], help="add this device's lowering report"
-    )
+    parser.add_argument("--device", choices=DEVICE_KINDS, help="add this device's lowering report")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sexpgpu.runtime.devices import DEVICE_KINDS
 from sexpgpu.train.loop import StepReport
 from sexpgpu.train.runner import prepare_run
 
@@ -22,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", help="apply this defvariant")
     parser.add_argument("--run", help="the defrun to train (default: the only one)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides :steps)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], help="default: SEXPGPU_DEVICE or cpu")
+    parser.add_argument(
+        "--device", choices=DEVICE_KINDS, help=f"default: SEXPGPU_DEVICE or {DEVICE_KINDS[0]}"
+    )
     parser.add_argument(
         "--resume",
         metavar="latest|PATH",

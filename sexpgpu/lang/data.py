@@ -8,7 +8,7 @@ not, its own options, and the fields a microbatch holds. Stream sources
 data; this layer only checks the definition and resolves the path against
 the experiment file. It is the one table of source names, their options and
 defaults (`DEFAULT_SPLIT`, `TOKEN_DTYPES`); the loader's sources are keyed by
-the same names and check nothing again (tests/train/test_train_names.py).
+the same names and check nothing again (tests/test_names.py).
 """
 
 from __future__ import annotations

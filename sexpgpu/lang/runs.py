@@ -8,7 +8,7 @@ Option names reach `OptimizerSpec.options` and `ScheduleSpec.options` with
 underscores (``weight-decay`` becomes ``weight_decay``), every default
 filled in, so execution (`sexpgpu.devices.optim`, `sexpgpu.train`) keeps
 implementations keyed by the same names and checks nothing again
-(tests/train/test_train_names.py holds the two sides together).
+(tests/test_names.py holds the two sides together).
 """
 
 from __future__ import annotations

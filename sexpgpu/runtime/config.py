@@ -186,14 +186,14 @@ def _quote(value: str) -> str:
 def _device_kind(device: str | None, environ: Mapping[str, str]) -> str:
     location = "--device" if device is not None else "SEXPGPU_DEVICE"
     text = device if device is not None else environ.get("SEXPGPU_DEVICE", "")
-    kind = text.strip().lower() or "cpu"
+    kind = text.strip().lower() or DEVICE_KINDS[0]
     if kind not in DEVICE_KINDS:
         shown = f"--device {text}" if device is not None else f"SEXPGPU_DEVICE={_quote(text)}"
         raise SexpgpuError(
             "E-CLI-001",
             f"{shown} is not a device",
             location,
-            hint="use cpu (the default) or cuda",
+            hint=f"use {DEVICE_KINDS[0]} (the default) or {' or '.join(DEVICE_KINDS[1:])}",
         )
     return kind
 

@@ -25,7 +25,11 @@ __all__ = [
     "visible_gpu_count",
 ]
 
-# The kinds a user may name with --device or SEXPGPU_DEVICE.
+# The kinds a user may name with --device or SEXPGPU_DEVICE, the first the default:
+# the one table of device names. It lives here, below `devices` and `tn` (which may
+# not import the language); the device registries (`sexpgpu.devices.base.DEVICES`,
+# `sexpgpu.devices.collectives.LOCAL_SUMS`), the commands' --device choices and tn's
+# names follow it, and tests/test_names.py holds them together.
 DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda")
 
 # The cuda device needs bf16 tensor cores and the SDPA kernels: Ampere or newer.

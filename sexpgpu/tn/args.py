@@ -11,6 +11,8 @@ from math import ceil, isfinite
 
 import numpy as np
 
+from sexpgpu.runtime.devices import DEVICE_KINDS
+
 from .resources import Resources
 
 __all__ = [
@@ -22,7 +24,8 @@ __all__ = [
     "sketch_size",
 ]
 
-DEVICES = ("cpu", "gpu", "cuda")
+# tn's device names: the runtime's kinds, and "gpu" for cuda (as quimb's users write it).
+DEVICES: dict[str, str] = {"gpu": "cuda", **{kind: kind for kind in DEVICE_KINDS}}
 
 
 def check_chi_out(fn: str, chi_out: object) -> int:
@@ -112,13 +115,14 @@ def check_device(fn: str, device: object, on_gpu: bool = False) -> str:
     if device is None:
         device = "gpu" if on_gpu else "cpu"
     if not isinstance(device, str) or device not in DEVICES:
+        names = ", ".join(repr(name) for name in sorted(DEVICES))
         raise ValueError(
-            f"{fn}: device must be 'cpu', 'gpu', 'cuda' or None (where the sites are), got "
+            f"{fn}: device must be {names} or None (where the sites are), got "
             f"{device!r}; pass device='cpu' "
             "for the NumPy sweep or device='gpu' for PyTorch on a GPU."
         )
-    if device == "cpu":
-        return device
+    if DEVICES[device] == "cpu":
+        return "cpu"
     try:
         import torch  # a device library, loaded only when asked for
     except ImportError as err:
@@ -131,7 +135,7 @@ def check_device(fn: str, device: object, on_gpu: bool = False) -> str:
             f"{fn}: device={device!r} but torch.cuda.is_available() is False (no CUDA device "
             "or a CPU-only PyTorch); use device='cpu'."
         )
-    return "cuda"
+    return DEVICES[device]
 
 
 def check_resources(fn: str, resources: object) -> Resources | None:

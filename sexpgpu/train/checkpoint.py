@@ -244,7 +244,6 @@ _STATE_TYPES: dict[str, type | tuple[type, ...]] = {
     "nodes": int,
     "optimizer": dict,
     "loaders": list,
-    "rng": dict,
 }
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -387,7 +386,7 @@ def load_checkpoint(
         location, E-CKPT-002 when named directly).
     complete
         A state without every key a resume reads (devices, nodes, optimizer,
-        loaders, rng) is damaged too.
+        loaders) is damaged too.
     """
     text = str(where).rstrip("/")
     parent, _, leaf = text.rpartition("/")

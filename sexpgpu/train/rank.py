@@ -134,7 +134,6 @@ class RankLoop:
         self.speaker = ctx.rank == 0 and run.link.nodes > 1  # this node's voice to the others
         self.program = program
         self.loader = loader
-        self.rng = np.random.default_rng(s.seed)  # for stochastic ops; saved and restored
         if ckpt is None:
             self.start = 0
             program.start(s.optimizer, seed=s.seed, state=None)
@@ -143,7 +142,6 @@ class RankLoop:
             state = HostState(ckpt.params, ckpt.optimizer, ckpt.state["optimizer"])
             program.start(s.optimizer, seed=s.seed, state=state)
             self.loader.restore(ckpt.state["loaders"][self.comms.rank])
-            self.rng.bit_generator.state = ckpt.state["rng"]
         self.schedule = make_schedule(s.schedule, s.optimizer.options["lr"], s.steps)
         self.diagnostics = self._diagnostics()
         self.peak, self.per_s = 0, 0.0  # the run's highest peak_bytes; the last tokens/s
@@ -260,7 +258,7 @@ class RankLoop:
             raise SexpgpuError(
                 "E-TRAIN-002",
                 f"the loss is {loss} at step {step}",
-                getattr(self.s.optimizer, "span", None),
+                self.s.optimizer.span,
                 hint="lower :lr, add :clip 1.0, or add warmup to the schedule",
             )
         locals_ = queued.locals
@@ -415,7 +413,6 @@ class RankLoop:
             "experiment_hash": self.run_ctx.experiment_hash,
             "optimizer": host.optimizer,
             "loaders": [x["loader"] for x in everyone],
-            "rng": self.rng.bit_generator.state,
             "devices": self.ctx.size,
             "nodes": self.link.nodes,
             "node_gradients": self.link.gradients,

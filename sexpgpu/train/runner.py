@@ -23,7 +23,7 @@ def _check_trainable(compiled: Any, rundef: Any) -> None:
         raise SexpgpuError(
             "E-TRACE-006",
             f"the loss of run `{rundef.name}` depends on no parameter: training changes nothing",
-            getattr(rundef.loss, "span", None),
+            rundef.loss.span,
             hint="compute the loss from the model's output, e.g. (cross-entropy (model x) y)",
         )
 

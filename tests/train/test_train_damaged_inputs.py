@@ -140,8 +140,8 @@ def _state(folder: Path) -> dict:
             "state.json's step is null, not 2",
         ),
         (
-            lambda f: _rewrite(f, "state.json", json.dumps({**_state(f), "rng": []}).encode()),
-            "state.json's `rng` is []",
+            lambda f: _rewrite(f, "state.json", json.dumps({**_state(f), "loaders": {}}).encode()),
+            "state.json's `loaders` is {}",
         ),
         (
             lambda f: _rewrite(f, "params.safetensors", b"not safetensors"),

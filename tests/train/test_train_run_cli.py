@@ -208,7 +208,7 @@ def test_a_state_without_a_key_is_damage_and_the_one_before_is_used(tmp_path, ca
     assert main(["run", str(path), "--out", str(out)]) == 0
     step = out / "checkpoints" / "step-10"
     state = json.loads((step / "state.json").read_text())
-    del state["rng"]
+    del state["loaders"]
     blob = json.dumps(state).encode()
     (step / "state.json").write_bytes(blob)
     manifest = json.loads((step / "manifest.json").read_text())
@@ -217,5 +217,5 @@ def test_a_state_without_a_key_is_damage_and_the_one_before_is_used(tmp_path, ca
     capsys.readouterr()
     assert main(["run", str(path), "--out", str(out), "--resume", "latest"]) == 0
     notes = [r["value"] for r in read_metrics(out / "metrics.jsonl") if r["name"] == "annotation"]
-    assert any("skipped damaged" in n and "has no `rng`" in n for n in notes)
+    assert any("skipped damaged" in n and "has no `loaders`" in n for n in notes)
     assert any(n.startswith("resume: from") and n.endswith("step-5") for n in notes)

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
+from sexpgpu.devices.memory_fit import plan_run
 from sexpgpu.devices.optim import moment_count
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun, compile_run
@@ -127,14 +128,16 @@ def lowering_report(
     config = RuntimeConfig.from_env(environ, device=device, visible_gpus=visible)
     backend = get_device(device)
     moments = moment_count(run.optimizer)
-    plan = backend.plan(
+    fitted = plan_run(
+        backend,
         compiled,
         moments=moments,
         ranks=config.local_size,
         memory=config.memory,
         microbatches=microbatches_per_rank(run.microbatches, config.world_size),
     )
-    lines = backend.report(compiled, plan)
+    plan = fitted.plan
+    lines = [*backend.report(fitted.compiled, plan), *fitted.lines()]
     if not plan.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines

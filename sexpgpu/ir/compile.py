@@ -15,6 +15,7 @@ A device receives the `CompiledRun` (``device.load``), never the experiment.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -126,6 +127,16 @@ class CompiledRun:
         self.flops_per_step = matmul_flops(train_graph)
         self.target = _target_field(trace, model_inputs)
         self.trainable = any(n.op is Op.PARAM for n in topological_order([trace.loss]))
+
+    def with_train_graph(self, graph: Graph) -> CompiledRun:
+        """This run training through `graph`, a rewrite of its training graph (recomputation).
+
+        `flops_per_step` stays the model's: recomputed products are not
+        counted, as in the usual model-FLOPs convention.
+        """
+        run = copy.copy(self)
+        run.train_graph = graph
+        return run
 
     @property
     def param_count(self) -> int:

@@ -81,6 +81,7 @@ def prepare_run(
         CPU device, for tests.
     """
     from sexpgpu.devices.base import get_device
+    from sexpgpu.devices.memory_fit import plan_run
     from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
@@ -102,14 +103,16 @@ def prepare_run(
     compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
     _check_trainable(compiled, rundef)
     moments = moment_count(settings.optimizer)
-    plan = backend.plan(
+    fitted = plan_run(
+        backend,
         compiled,
         moments=moments,
         ranks=len(devices),
         memory=config.memory,
         microbatches=microbatches_per_rank(settings.microbatches, config.world_size),
     )
-    plan.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
+    fitted.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
+    compiled, plan = fitted.compiled, fitted.plan  # the training graph may recompute
     local = config.local_devices
 
     def make_program(rank: int) -> Any:
@@ -126,7 +129,7 @@ def prepare_run(
         param_shapes={key: info.shape for key, info in compiled.params.items()},
         target=compiled.target,
         plan=plan,
-        report=backend.report(compiled, plan),
+        report=[*backend.report(compiled, plan), *fitted.lines()],
         resume=resume,
         on_step=on_step,
         storage_options=storage_options,

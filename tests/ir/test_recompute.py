@@ -1,0 +1,105 @@
+"""Recomputation (`sexpgpu.ir.recompute`): what it chooses, what it costs, what it computes."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sexpgpu.devices.cpu import CpuProgram
+from sexpgpu.ir.compile import compile_run, matmul_flops
+from sexpgpu.ir.ops import Op
+from sexpgpu.ir.recompute import fit, moves, recompute_graph
+from sexpgpu.lang import load_experiment, load_experiment_text
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT = ROOT / "examples" / "gpt.lisp"
+# The smoke GPT at a longer sequence: its activations, not its parameters, fill the plan.
+LONG = '(defvariant long (layers 2) (width 128) (heads 4) (seq 256) (microbatches 1) (dtype "f32"))'
+
+
+def _train_graph(variant="smoke", text=None):
+    if text is None:
+        experiment = load_experiment(GPT, variant=variant)
+    else:
+        experiment = load_experiment_text(text, str(GPT), variant=variant, base_dir=GPT.parent)
+    return compile_run(experiment, experiment.run(None))
+
+
+def _peak(graph):
+    return CpuProgram(graph, threads=1).planned_peak_bytes
+
+
+def _feeds(graph, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, node in graph.inputs.items():
+        feeds[name] = rng.integers(0, 256, node.shape).astype(np.int32)
+    for name, node in graph.params.items():
+        feeds[name] = (0.05 * rng.standard_normal(node.shape)).astype(np.float32)
+    return feeds
+
+
+def test_a_graph_too_big_for_a_budget_fits_after_the_pass():
+    graph = _train_graph().train_graph
+    budget = int(0.8 * _peak(graph))
+    assert _peak(graph) > budget
+    done = fit(graph, lambda g: _peak(g) <= budget, matmul_flops)
+    assert done is not None and done.fits
+    assert _peak(done.graph) <= budget
+    assert done.values > 0
+    assert done.flops >= done.base_flops == matmul_flops(graph)
+
+
+def test_a_graph_that_fits_is_left_alone():
+    graph = _train_graph().train_graph
+    assert fit(graph, lambda g: True, matmul_flops) is None
+
+
+def test_where_nothing_fits_the_cheapest_full_recomputation_is_returned():
+    graph = _train_graph().train_graph
+    done = fit(graph, lambda g: False, matmul_flops)
+    assert done is not None and not done.fits
+    walk = moves(graph)
+    assert done.values >= len(walk)  # every move's values, and the views they read
+    assert _peak(done.graph) < _peak(graph)
+
+
+def test_flops_added_stay_under_a_bound_at_sixty_percent_of_the_plan():
+    compiled = _train_graph("long", GPT.read_text() + LONG)
+    graph = compiled.train_graph
+    fixed = 3 * 4 * compiled.param_count  # parameters and adamw's two moments, as the cpu plans
+    budget = int(0.6 * (fixed + _peak(graph)))
+    done = fit(graph, lambda g: fixed + _peak(g) <= budget, matmul_flops)
+    assert done is not None and done.fits
+    assert done.flops <= 1.25 * done.base_flops, done.flops / done.base_flops
+
+
+def test_cheap_values_are_recomputed_before_products():
+    walk = moves(_train_graph().train_graph)
+    first_product = next(i for i, m in enumerate(walk) if any(r.op is Op.MATMUL for r in m.roots))
+    assert first_product > 0
+    assert all(m.work <= walk[first_product].work for m in walk[:first_product])
+
+
+def test_the_rewritten_graph_computes_the_same_bits():
+    graph = _train_graph().train_graph
+    roots = [r for m in moves(graph) for r in m.roots]
+    rewritten = recompute_graph(graph, roots)
+    assert len(rewritten.nodes()) > len(graph.nodes())
+    assert next(iter(rewritten.outputs)) == "loss"
+    assert set(rewritten.outputs) == set(graph.outputs)
+    feeds = _feeds(graph)
+    before, after = CpuProgram(graph)(feeds), CpuProgram(rewritten)(feeds)
+    for name in graph.outputs:
+        assert np.array_equal(before[name], after[name]), name
+
+
+@pytest.mark.parametrize("variant", ["smoke"])
+def test_the_interpreter_peaks_lower_on_the_rewritten_graph(variant):
+    graph = _train_graph(variant).train_graph
+    rewritten = recompute_graph(graph, [r for m in moves(graph) for r in m.roots])
+    feeds = _feeds(graph, seed=1)
+    plain, recomputing = CpuProgram(graph), CpuProgram(rewritten)
+    plain(feeds)
+    recomputing(feeds)
+    assert recomputing.last_peak_bytes < 0.8 * plain.last_peak_bytes

@@ -27,6 +27,7 @@ from .args import (
 from .engine import backends_for, execute
 from .exact import exact_two_sites
 from .interop import open_trains, quimb_kind
+from .nodes import node_config, open_nodes, problem_key, shared_seed
 from .resources import Resources
 from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
@@ -71,47 +72,77 @@ def run_stack(
     where = check_device(fn, device, opened.on_gpu)
     res = check_resources(fn, resources) or Resources()
     check_out(fn, out)
-    stack: Stack = normalize_stack(opened.trains, fn, names)
-    sketch = sketch_dtype(dtype, stack.dtype, fn)
-    work = work_dtype(sketch, stack.dtype)
-    if stack.n_sites < MIN_SWEEP_SITES:
-        logger.warning(
-            "%s: %d sites; the randomized sweep needs 3 or more, so the stack is "
-            "contracted and truncated exactly",
-            fn,
-            stack.n_sites,
-        )
-        cores = exact_two_sites([stack.read(0), stack.read(1)], chi, cut, work)
-        if out is None:
-            return opened.result(unpad(cores, stack.kind), stack.kind)
-        sink = DatasetSink(out, stack.n_sites, stack.kind)
-        for j, core in enumerate(cores):
-            sink.put(j, core)
-        return sink.result()
-    logger.debug(
-        "%s: %d sites, %d layers, result %s, chi_out=%d, sketch=%d, dtype=%s, device=%s",
+    backends = backends_for(fn, where, res, backend)
+    config = node_config(res, where, [xp.device.index for xp in backends])
+    # Every node validates inside the link: one that fails leaves it, so the
+    # others stop at once instead of waiting for it.
+    with open_nodes(fn, config) as link:
+        stack: Stack = normalize_stack(opened.trains, fn, names)
+        sketch = sketch_dtype(dtype, stack.dtype, fn)
+        work = work_dtype(sketch, stack.dtype)
+        problem = {
+            "function": fn,
+            "trains": problem_key({"shapes": [stack.shapes(j) for j in range(stack.n_sites)]}),
+            "input dtype": str(stack.dtype),
+            "chi_out": chi,
+            "sketch": size,
+            "cutoff": cut,
+            "dtype": str(work),
+            "out": out is not None,
+        }
+        seed = shared_seed(link, fn, seed, problem)
+        if stack.n_sites < MIN_SWEEP_SITES:
+            # every node computes it; with ``out`` node 0 writes it
+            writes = out is not None and link.node_rank == 0
+            result = _exact(fn, stack, chi, cut, work, out if writes else None)
+            result = None if out is not None and not writes else result
+        else:
+            logger.debug(
+                "%s: %d sites, %d layers, result %s, chi_out=%d, sketch=%d, dtype=%s, "
+                "device=%s, nodes=%d",
+                fn,
+                stack.n_sites,
+                len(stack.layers),
+                stack.kind,
+                chi,
+                size,
+                work,
+                where,
+                link.nodes,
+            )
+            result = execute(
+                fn,
+                stack,
+                SketchSource(seed, size, sketch),
+                work,
+                cutoff=cut,
+                truncate_to=chi if size > chi else None,
+                resources=res,
+                backends=backends,
+                out=out,
+                inject=inject,
+                link=link,
+            )
+    if out is not None or result is None:
+        return result  # datasets; None on the nodes that do not write
+    return opened.result(result, stack.kind)
+
+
+def _exact(fn: str, stack: Stack, chi: int, cut: float, work: np.dtype, out: object) -> list[Any]:
+    """Two-site stacks: contracted and truncated exactly, with a warning."""
+    logger.warning(
+        "%s: %d sites; the randomized sweep needs 3 or more, so the stack is "
+        "contracted and truncated exactly",
         fn,
         stack.n_sites,
-        len(stack.layers),
-        stack.kind,
-        chi,
-        size,
-        work,
-        where,
     )
-    result = execute(
-        fn,
-        stack,
-        SketchSource(seed, size, sketch),
-        work,
-        cutoff=cut,
-        truncate_to=chi if size > chi else None,
-        resources=res,
-        backends=backends_for(fn, where, res, backend),
-        out=out,
-        inject=inject,
-    )
-    return result if out is not None else opened.result(result, stack.kind)
+    cores = exact_two_sites([stack.read(0), stack.read(1)], chi, cut, work)
+    if out is None:
+        return unpad(cores, stack.kind)
+    sink = DatasetSink(out, stack.n_sites, stack.kind)
+    for j, core in enumerate(cores):
+        sink.put(j, core)
+    return sink.result()
 
 
 def src(

@@ -22,11 +22,13 @@ import numpy as np
 from sexpgpu.runtime.devices import Device
 from sexpgpu.runtime.group import DeviceGroup
 from sexpgpu.runtime.memory import detect_budget
+from sexpgpu.runtime.nodes import NodeLink
 from sexpgpu.runtime.oom import FailureInjector
 from sexpgpu.runtime.units import format_bytes
 
 from .backend import Backend, NumpyBackend, TorchBackend
-from .comm import GroupRank, SoloContext
+from .comm import Context, GroupRank, SoloContext
+from .nodes import NodeContext, NodeWire
 from .plan import Budgets, Plan, make_plan
 from .resources import Resources, parse_bytes, resolve_host_budget
 from .sink import CoreSink, DatasetSink, MemorySink, ScratchSink
@@ -130,8 +132,13 @@ def execute(
     backends: Sequence[Backend],
     out: object = None,
     inject: FailureInjector | None = None,
-) -> list[Any]:
+    link: NodeLink | None = None,
+) -> list[Any] | None:
     """Plan and run one sweep over ``backends``; the result in quimb's layout.
+
+    With a ``link`` to other nodes, the plan splits the sketch columns over
+    every node's ranks, node 0 makes the result, and every node returns it
+    (with ``out``, node 0 writes it and the others return None).
 
     Returns
     -------
@@ -145,7 +152,8 @@ def execute(
     """
     budgets = budgets_for(backends, resources)
     slack = max(xp.product_slack(work) for xp in backends)
-    plan = make_plan(stack, source.size, work, len(backends), budgets, slack)
+    nodes = 1 if link is None else link.nodes
+    plan = make_plan(stack, source.size, work, len(backends) * nodes, budgets, slack)
     _warn_large_inputs(fn, stack, budgets.host)
     logger.debug(
         "SRC plan: sites=%d, layers=%d, sketch=%d, dtype=%s, devices=%s, %s",
@@ -156,10 +164,12 @@ def execute(
         ",".join(str(xp.device) for xp in backends),
         plan.line(),
     )
-    final: CoreSink = MemorySink() if out is None else DatasetSink(out, stack.n_sites, stack.kind)
+    wire = None if nodes == 1 else NodeWire(link, backends[0].device)  # type: ignore[arg-type]
+    writes = out is not None and (wire is None or wire.node == 0)
+    final: CoreSink = DatasetSink(out, stack.n_sites, stack.kind) if writes else MemorySink()
     swept: CoreSink = final
     if truncate_to is not None:
-        swept = MemorySink() if out is None else ScratchSink(resources.scratch_path)
+        swept = ScratchSink(resources.scratch_path) if writes else MemorySink()
     job = SweepJob(
         stack=stack,
         sketches=SharedSketches(source, len(backends)),
@@ -171,27 +181,42 @@ def execute(
         inject=inject,
     )
     try:
-        reports = _run_ranks(backends, job, grouped=resources.device_ids is not None)
+        reports = _run_ranks(backends, job, resources.device_ids is not None, wire)
         _log_peaks(plan, reports)
-        if truncate_to is not None:
+        if truncate_to is not None and (wire is None or wire.node == 0):
             truncate(backends[0], swept, final, stack.n_sites, truncate_to, cutoff)
             logger.debug("truncation pass: done")
     finally:
         if isinstance(swept, ScratchSink):
             swept.close()
-    if isinstance(final, DatasetSink):
-        return final.result()
+    if out is not None:
+        return final.result() if isinstance(final, DatasetSink) else None  # node 0 writes
     assert isinstance(final, MemorySink)
-    return unpad([final.get(j) for j in range(stack.n_sites)], stack.kind)
+    if wire is not None and wire.node != 0:
+        return wire.broadcast(None)
+    cores = unpad([final.get(j) for j in range(stack.n_sites)], stack.kind)
+    return cores if wire is None else wire.broadcast(cores)
 
 
-def _run_ranks(backends: Sequence[Backend], job: SweepJob, grouped: bool) -> list[RankReport]:
-    """Each rank's sweep: inline on one device, else (or when ``grouped``) a thread each."""
+def _run_ranks(
+    backends: Sequence[Backend], job: SweepJob, grouped: bool, wire: NodeWire | None
+) -> list[RankReport]:
+    """Each rank's sweep: inline on one device, else (or when ``grouped``) a thread each.
+
+    With a ``wire`` to other nodes each rank's collectives span every node's ranks.
+    """
+
+    def over_nodes(ctx: Context) -> Context:
+        return ctx if wire is None else NodeContext(ctx, wire)
+
     if len(backends) == 1 and not grouped:
-        return [sweep_rank(SoloContext(backends[0].device), backends[0], job)]
+        solo = over_nodes(SoloContext(backends[0].device))
+        return [sweep_rank(solo, backends[0], job)]
     devices = [xp.device for xp in backends]
     group = DeviceGroup(devices)
-    return group.run(lambda ctx: sweep_rank(GroupRank(ctx, devices), backends[ctx.rank], job))
+    return group.run(
+        lambda ctx: sweep_rank(over_nodes(GroupRank(ctx, devices)), backends[ctx.rank], job)
+    )
 
 
 def _log_peaks(plan: Plan, reports: Sequence[RankReport]) -> None:

@@ -111,12 +111,20 @@ class Resources:
     devices : int or sequence of int, optional
         GPUs to split the sketch columns over: a count or a list of ids. On
         the CPU, that many simulated ranks.
+    nodes, node_rank, rendezvous : optional
+        Several nodes, one process each: how many, which one this is, and
+        ``"host:port"`` where node 0 listens. Unset: ``SEXPGPU_NODES``,
+        ``SEXPGPU_NODE_RANK`` and ``SEXPGPU_RENDEZVOUS`` (one node when those
+        are unset too). Checked when the sweep starts (E-DP-005).
     """
 
     gpu_memory: int | str | None = None
     host_memory: int | str | None = None
     scratch_dir: str | os.PathLike[str] | None = None
     devices: int | Sequence[int] | None = None
+    nodes: int | None = None
+    node_rank: int | None = None
+    rendezvous: str | None = None
 
     def __post_init__(self) -> None:
         if self.gpu_memory is not None:

@@ -30,7 +30,7 @@ from sexpgpu.runtime.devices import Device, parse_device
 from sexpgpu.runtime.transfer import accumulate, copy_to, read_on, ready, settle
 
 if TYPE_CHECKING:
-    from sexpgpu.runtime.config import RuntimeConfig
+    pass
 
 __all__ = [
     "CollectiveMismatch",
@@ -311,11 +311,6 @@ class DeviceGroup:
             raise ValueError("a device group needs at least one device")
         self.devices: tuple[Device, ...] = tuple(parse_device(d) for d in devices)
         self.timeout = timeout
-
-    @classmethod
-    def from_config(cls, config: RuntimeConfig, *, timeout: float = DEFAULT_TIMEOUT) -> DeviceGroup:
-        """The group of this node's devices in a `RuntimeConfig`."""
-        return cls(config.local_devices, timeout=timeout)
 
     @property
     def size(self) -> int:

@@ -172,10 +172,6 @@ class MemoryPlan:
         """Whether the plan fits the budget."""
         return self.total <= self.budget.nbytes
 
-    def with_part(self, name: str, nbytes: int) -> MemoryPlan:
-        """This plan with part `name` set to `nbytes`."""
-        return MemoryPlan(self.budget, {**self.parts, name: nbytes})
-
     def line(self) -> str:
         """``memory: plan 12.3 GiB of 139.0 GiB (parameters 0.5 GiB, ...)``."""
         return (

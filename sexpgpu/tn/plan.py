@@ -293,13 +293,8 @@ def make_plan(
         The working set exceeds the device or host budget; the message says by how much.
     """
     item = work.itemsize
-    per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
-    tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
-    tile_work = tile * per_line
-    blocks = column_blocks(size, ranks)
-    wide = _qr_widening(work)
-    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item + product_slack
-    host_work = _host_working_set(stack, size, item)
+    blocks, tile, tile_work, wide = _tiling(stack, size, work, ranks)
+    lean, host_work = minimum_budgets(stack, size, work, ranks, product_slack)
     device_budget = budgets.device
     if budgets.shared:
         # One memory: the host's own share comes out of it too.
@@ -407,11 +402,19 @@ def minimum_budgets(
 ) -> tuple[int, int]:
     """The smallest ``(device, host)`` budgets `make_plan` accepts, in bytes.
 
-    On a host backend (one memory) the smallest budget is their sum.
+    The device's is the lean working set (no sketch held whole); on a host
+    backend (one memory) the smallest budget is their sum.
     """
     item = work.itemsize
-    per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
-    tile = int(min(size, max(1, TILE_BYTES // (per_line * item))))
-    blocks = column_blocks(size, ranks)
-    lean = _working_set(stack, size, blocks, tile * per_line, False, _qr_widening(work)) * item
+    blocks, _tile, tile_work, wide = _tiling(stack, size, work, ranks)
+    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item
     return lean + product_slack, _host_working_set(stack, size, item)
+
+
+def _tiling(
+    stack: Stack, size: int, work: np.dtype, ranks: int
+) -> tuple[tuple[tuple[int, int], ...], int, int, int]:
+    """The ranks' column blocks, the tile's columns and working elements, the QR's widening."""
+    per_line = max(env_peak_per_column(stack.shapes(j)) for j in range(stack.n_sites))
+    tile = int(min(size, max(1, TILE_BYTES // (per_line * work.itemsize))))
+    return column_blocks(size, ranks), tile, tile * per_line, _qr_widening(work)

@@ -148,7 +148,7 @@ def test_torch_tensors_on_simulated_ranks():
 
 
 def test_ranks_know_their_place():
-    group = DeviceGroup.from_config(RuntimeConfig.from_env({"SEXPGPU_DEVICES": "0,1,2"}))
+    group = DeviceGroup(RuntimeConfig.from_env({"SEXPGPU_DEVICES": "0,1,2"}).local_devices)
     assert repr(group) == "DeviceGroup([cpu:0, cpu:1, cpu:2])"
     seen = group.run(lambda ctx: (ctx.rank, ctx.size, ctx.device, threading.current_thread().name))
     assert seen == [(r, 3, Device("cpu", r), f"sexpgpu-rank-{r}") for r in range(3)]

@@ -127,13 +127,6 @@ def test_peak_line():
     assert plan(100, x=50).line() == "memory: plan 50 B of 100 B (x 50 B)"
 
 
-def test_with_part_returns_a_new_plan():
-    p = plan(parameters=GiB)
-    q = p.with_part("activations", 2 * GiB).with_part("parameters", 3 * GiB)
-    assert p.total == GiB
-    assert q.parts == {"parameters": 3 * GiB, "activations": 2 * GiB}
-
-
 def test_e_mem_001_names_the_parts_and_the_way_out():
     p = plan(40 * GiB, parameters=30 * GiB, activations=12 * GiB)
     assert not p.fits

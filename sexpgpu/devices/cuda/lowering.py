@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 import torch
@@ -398,11 +397,6 @@ def _gelu(node: Node, x: T) -> T:
 @lowering(Op.GELU_GRAD, kernel="aten.gelu_backward (tanh)")
 def _gelu_grad(node: Node, x: T, g: T) -> T:
     return torch.ops.aten.gelu_backward(g, x, approximate="tanh")
-
-
-def lower(node: Node, *args: Any) -> T:
-    """Run `node`'s lowering on `args` (tensors; the device for CONSTANT and IOTA)."""
-    return LOWERINGS[node.op](node, *args)
 
 
 assert frozenset(Op) == frozenset(LOWERINGS) | LOWERING_EXEMPT

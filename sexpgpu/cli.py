@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "doctor": "check that this host meets the floor for a device (cpu or cuda)",
     "run": "train a run of an experiment file and write its run directory",
     "plot": "draw a run's train and eval loss against the step into a PNG",
+    "sample": "continue a prompt with a trained language model (seeded)",
+    "eval": "evaluate a checkpoint: loss, perplexity, accuracy (and one JSON line)",
     "explain": "print the IR of a run's training graph, with its parameters, FLOPs and memory",
 }
 
@@ -46,7 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f"sexpgpu.commands.{name}")
-        command = sub.add_parser(name, help=help_text, description=help_text)
+        command = sub.add_parser(
+            name,
+            help=help_text,
+            description=getattr(module, "DESCRIPTION", help_text),
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(command)
         command.set_defaults(_module=module)
     return parser

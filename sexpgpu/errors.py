@@ -111,6 +111,7 @@ CODES: dict[str, str] = {
     "E-DATA-004": "data field missing, or fields of different lengths",
     "E-DATA-006": "an id in the data is out of range for the model (vocabulary or classes)",
     "E-DATA-007": "float data holds NaN or infinite values",
+    "E-DATA-008": "a data set's fields do not fit the model it is evaluated with",
     # training runs
     "E-TRAIN-002": "the loss became NaN or infinite",
     # checkpoints
@@ -120,6 +121,9 @@ CODES: dict[str, str] = {
     "E-CKPT-004": "checkpoint location cannot be used (unsupported scheme, unreachable, "
     "missing s3fs)",
     "E-CKPT-005": "run folder holds another experiment's or run's records",
+    # using a trained model
+    "E-SAMPLE-001": "the run's model is not a language model sample can continue",
+    "E-SAMPLE-002": "the prompt does not encode into the model's vocabulary",
     # plotting
     "E-PLOT-001": "plot needs matplotlib (the `plot` extra)",
     "E-PLOT-002": "run directory has no metrics to plot",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sexpgpu.commands.explain import model_section
+from sexpgpu.commands.options import add_experiment_options
 from sexpgpu.lang import Experiment, RunDef, load_experiment, unparse
 from sexpgpu.lang.paths import file_problem
 from sexpgpu.lang.values import show_value
@@ -46,7 +47,9 @@ def _parameters(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
     rows = []
     for name, value in experiment.params.items():
         note = ""
-        if name in experiment.overridden:
+        if name in experiment.sets:
+            note = f"--set (default {show_value(experiment.defaults[name])})"
+        elif name in experiment.overridden:
             note = f"{experiment.variant} (default {show_value(experiment.defaults[name])})"
         elif value != experiment.defaults.get(name, value):
             note = f"derived (default {show_value(experiment.defaults[name])})"
@@ -171,14 +174,12 @@ def render_report(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `sexpgpu check`."""
-    parser.add_argument("file", help="the experiment (.lisp)")
-    parser.add_argument("--variant", help="apply this defvariant")
-    parser.add_argument("--run", help="describe only this run")
+    add_experiment_options(parser, "describe only this run")
 
 
 def main(args: argparse.Namespace) -> int:
     """Print the report of the experiment and its runs; exit status 0."""
-    experiment = load_experiment(args.file, variant=args.variant)
+    experiment = load_experiment(args.file, variant=args.variant, sets=args.sets)
     runs = list(experiment.runs.values()) if args.run is None else [experiment.run(args.run)]
     print(render_report(experiment, runs))
     return 0

@@ -21,6 +21,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
+from sexpgpu.commands.options import add_experiment_options
 from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.devices.memory_fit import plan_run
@@ -73,9 +74,7 @@ def model_section(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="the experiment (.lisp)")
-    parser.add_argument("--variant", help="apply this defvariant")
-    parser.add_argument("--run", help="the run to explain (default: the only one)")
+    add_experiment_options(parser, "the run to explain (default: the only one)")
     parser.add_argument(
         "--graph",
         choices=("train", "eval"),
@@ -87,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    experiment = load_experiment(args.file, variant=args.variant)
+    experiment = load_experiment(args.file, variant=args.variant, sets=args.sets)
     run = experiment.run(args.run)
     program = compile_run(experiment, run)
     graph = program.train_graph if args.graph == "train" else program.eval_graph

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sexpgpu.commands.options import add_experiment_options
 from sexpgpu.runtime.devices import DEVICE_KINDS
 from sexpgpu.train.loop import StepReport
 from sexpgpu.train.runner import prepare_run
@@ -19,9 +20,7 @@ __all__ = ["add_arguments", "duration", "main"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `sexpgpu run`."""
-    parser.add_argument("file", help="the experiment file (.lisp)")
-    parser.add_argument("--variant", help="apply this defvariant")
-    parser.add_argument("--run", help="the defrun to train (default: the only one)")
+    add_experiment_options(parser, "the defrun to train (default: the only one)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides :steps)")
     parser.add_argument(
         "--device", choices=DEVICE_KINDS, help=f"default: SEXPGPU_DEVICE or {DEVICE_KINDS[0]}"
@@ -121,6 +120,7 @@ def main(args: argparse.Namespace) -> int:
     trainer = prepare_run(
         args.file,
         variant=args.variant,
+        sets=args.sets,
         run=args.run,
         steps=args.steps,
         out=args.out,

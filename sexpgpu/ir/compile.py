@@ -16,6 +16,7 @@ A device receives the `CompiledRun` (``device.load``), never the experiment.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -37,7 +38,14 @@ from sexpgpu.ir.trace_init import Init, draw, param_rng
 from sexpgpu.ir.verify import verify
 from sexpgpu.lang import Experiment, RunDef
 
-__all__ = ["GRAD_PREFIX", "CompiledRun", "ParamInfo", "compile_run", "matmul_flops"]
+__all__ = [
+    "GRAD_PREFIX",
+    "CompiledRun",
+    "ParamInfo",
+    "compile_run",
+    "matmul_flops",
+    "output_graph",
+]
 
 log = logging.getLogger(__name__)
 
@@ -227,3 +235,16 @@ def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
         compiled.flops_per_step,
     )
     return compiled
+
+
+def output_graph(experiment: Experiment, run: RunDef, batch: int = 1) -> Graph | None:
+    """The model's output alone, traced at `batch` rows: what sampling and export run.
+
+    Its inputs are the data fields the output reads (not the loss's targets),
+    its parameters all of the run's; None when the loss calls no model.
+    """
+    trace = trace_run(experiment, dataclasses.replace(run, batch=batch))
+    if trace.output is None:
+        return None
+    graph = Graph.of({"output": trace.output}, trace.param_nodes.values())
+    return optimize(graph, check=verify)

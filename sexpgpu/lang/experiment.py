@@ -23,7 +23,7 @@ from sexpgpu.lang.suggest import options_hint
 from sexpgpu.lang.syntax import ListNode, Node, Symbol, describe
 from sexpgpu.lang.values import Value
 
-__all__ = ["Experiment", "load_experiment", "load_experiment_text"]
+__all__ = ["Experiment", "load_experiment", "load_experiment_text", "parse_sets"]
 
 _STAGES = 3
 
@@ -52,6 +52,8 @@ class Experiment:
         The names of every variant the file defines.
     param_spans
         Where each parameter is defined.
+    sets
+        The ``--set`` overrides: parameter name -> its value (after the variant).
     """
 
     path: Path
@@ -66,6 +68,7 @@ class Experiment:
     overridden: frozenset[str] = frozenset()
     variants: tuple[str, ...] = ()
     param_spans: Mapping[str, Span] = field(default_factory=dict)
+    sets: Mapping[str, Value] = field(default_factory=dict)
 
     def run(self, name: str | None = None) -> RunDef:
         """The run called `name`; without a name, the only run of the file.
@@ -102,7 +105,9 @@ class Experiment:
         return self.source.name
 
 
-def load_experiment(path: str | PathLike[str], variant: str | None = None) -> Experiment:
+def load_experiment(
+    path: str | PathLike[str], variant: str | None = None, sets: Sequence[str] = ()
+) -> Experiment:
     """Read and check an experiment file.
 
     Parameters
@@ -111,6 +116,9 @@ def load_experiment(path: str | PathLike[str], variant: str | None = None) -> Ex
         A UTF-8 ``.lisp`` file. Data paths in it are relative to its folder.
     variant
         A variant the file defines (``defvariant``), or None for the defaults.
+    sets
+        ``--set NAME=VALUE`` texts: parameter values after the variant, each
+        checked against the parameter's type as a variant's value is.
 
     Returns
     -------
@@ -124,7 +132,8 @@ def load_experiment(path: str | PathLike[str], variant: str | None = None) -> Ex
         check, at the offending span.
     """
     path = Path(path)
-    return load_experiment_text(load_text(path), str(path), variant, base_dir=path.parent)
+    text = load_text(path)
+    return load_experiment_text(text, str(path), variant, base_dir=path.parent, sets=sets)
 
 
 def load_experiment_text(
@@ -132,6 +141,7 @@ def load_experiment_text(
     name: str = "<string>",
     variant: str | None = None,
     base_dir: str | PathLike[str] | None = None,
+    sets: Sequence[str] = (),
 ) -> Experiment:
     """Check experiment `text` as `load_experiment` checks a file.
 
@@ -145,9 +155,12 @@ def load_experiment_text(
         A variant the text defines, or None.
     base_dir
         The folder data paths are relative to (default: the current folder).
+    sets
+        ``--set NAME=VALUE`` texts (see `load_experiment`).
     """
     source = Source(name, text)
     builder = Builder(source, Path(base_dir) if base_dir is not None else Path(), variant)
+    builder.sets.update(parse_sets(sets))
     _run_forms(read_source(source), builder)
     return Experiment(
         path=Path(name),
@@ -162,7 +175,42 @@ def load_experiment_text(
         overridden=frozenset(builder.overridden),
         variants=tuple(builder.variants),
         param_spans=MappingProxyType({s.name: s.span for s, _ in builder.param_decls}),
+        sets=MappingProxyType({name: builder.params[name] for name in builder.sets}),
     )
+
+
+def parse_sets(texts: Sequence[str]) -> dict[str, tuple[Symbol, Node]]:
+    """``NAME=VALUE`` texts -> name -> (the name, the value's syntax), in order.
+
+    The value is read as the language reads a parameter's value, so
+    ``--set lr=3e-4``, ``--set dtype='"f32"'`` and ``--set lr='(/ lr 10)'`` work.
+
+    Raises
+    ------
+    SexpgpuError
+        E-CLI-001 for a text without ``=``, a name given twice, or a value
+        that is not one expression; E-READ-* for a value that does not read.
+    """
+    out: dict[str, tuple[Symbol, Node]] = {}
+    for text in texts:
+        name, eq, value = text.partition("=")
+        nodes = read_source(Source("--set", f"{name} {value}")) if eq and name.strip() else ()
+        if len(nodes) != 2 or not isinstance(nodes[0], Symbol) or name != name.strip():
+            raise SexpgpuError(
+                "E-CLI-001",
+                f"--set {text!r} is not NAME=VALUE with one value",
+                "--set",
+                hint="write --set NAME=VALUE, e.g. --set lr=3e-4 or --set dtype='\"f32\"'",
+            )
+        if nodes[0].name in out:
+            raise SexpgpuError(
+                "E-CLI-001",
+                f"--set {nodes[0].name} is given twice",
+                "--set",
+                hint=f"give each parameter once; keep the --set {nodes[0].name}=... you mean",
+            )
+        out[nodes[0].name] = (nodes[0], nodes[1])
+    return out
 
 
 def _run_forms(nodes: Sequence[Node], builder: Builder) -> None:

@@ -79,6 +79,8 @@ class Builder:
     source: Source
     base_dir: Path
     variant: str | None
+    # ``--set NAME=VALUE`` overrides, applied after the variant: name -> (name's span, value)
+    sets: dict[str, tuple[Symbol, Node]] = field(default_factory=dict)
     param_decls: list[tuple[Symbol, Node]] = field(default_factory=list)
     variants: dict[str, VariantDecl] = field(default_factory=dict)
     params: dict[str, Value] = field(default_factory=dict)
@@ -277,52 +279,66 @@ def resolve_params(builder: Builder) -> None:
                     symbol.span,
                     hint=options_hint(symbol.name, names, "parameters"),
                 )
-    builder.defaults.update(_evaluate_params(builder.param_decls, {}))
-    if builder.variant is None:
-        builder.params.update(builder.defaults)
-        return
-    decl = builder.variants.get(builder.variant)
-    if decl is None:
-        raise SexpgpuError(
-            "E-FORM-006",
-            f"unknown variant `{builder.variant}`",
-            builder.source.name,
-            hint=options_hint(builder.variant, builder.variants, "variants")
-            if builder.variants
-            else f"{builder.source.name} defines no variants; add "
-            f"(defvariant {builder.variant} (param value)...)",
-        )
-    overrides = {symbol.name: value for symbol, value in decl.entries}
-    builder.params.update(_evaluate_params(builder.param_decls, overrides))
-    builder.overridden.update(overrides)
+    for symbol, _ in builder.sets.values():
+        if symbol.name not in names:
+            raise SexpgpuError(
+                "E-FORM-006",
+                f"--set {symbol.name}: `{symbol.name}` is not a parameter",
+                symbol.span,
+                hint=options_hint(symbol.name, names, "parameters"),
+            )
+    builder.defaults.update(_evaluate_params(builder.param_decls, []))
+    layers: list[tuple[str, dict[str, Node]]] = []
+    if builder.variant is not None:
+        decl = builder.variants.get(builder.variant)
+        if decl is None:
+            raise SexpgpuError(
+                "E-FORM-006",
+                f"unknown variant `{builder.variant}`",
+                builder.source.name,
+                hint=options_hint(builder.variant, builder.variants, "variants")
+                if builder.variants
+                else f"{builder.source.name} defines no variants; add "
+                f"(defvariant {builder.variant} (param value)...)",
+            )
+        layers.append(("the variant", {symbol.name: value for symbol, value in decl.entries}))
+    if builder.sets:
+        layers.append(("--set", {name: value for name, (_, value) in builder.sets.items()}))
+    builder.params.update(_evaluate_params(builder.param_decls, layers))
+    for _, overrides in layers:
+        builder.overridden.update(overrides)
 
 
 def _evaluate_params(
-    decls: Sequence[tuple[Symbol, Node]], overrides: dict[str, Node]
+    decls: Sequence[tuple[Symbol, Node]], layers: Sequence[tuple[str, dict[str, Node]]]
 ) -> dict[str, Value]:
-    """Evaluate in order; an override sees its parameter's own value as it would be without it."""
+    """Evaluate in order, each layer of overrides (the variant, then ``--set``) over the last.
+
+    An override sees its parameter's own value as it would be without it.
+    """
     env: dict[str, Value] = {}
     names = [symbol.name for symbol, _ in decls]
     for i, (symbol, expr) in enumerate(decls):
         later = names[i + 1 :]
         value = evaluate(expr, env, later)
-        if symbol.name in overrides:
-            node = overrides[symbol.name]
-            new = evaluate(node, {**env, symbol.name: value}, later)
-            value = _same_type(new, value, symbol.name, node)
+        for who, overrides in layers:
+            if symbol.name in overrides:
+                node = overrides[symbol.name]
+                new = evaluate(node, {**env, symbol.name: value}, later)
+                value = _same_type(new, value, symbol.name, node, who)
         env[symbol.name] = value
     return env
 
 
-def _same_type(value: Value, default: Value, name: str, node: Node) -> Value:
+def _same_type(value: Value, default: Value, name: str, node: Node, who: str) -> Value:
     if type(value) is type(default):
         return value
     if isinstance(default, float) and type(value) is int:
         return float(value)
     raise SexpgpuError(
         "E-FORM-005",
-        f"`{name}` is {type_name(default, True)} ({show_value(default)} without the variant), "
-        f"but the variant gives {type_name(value, True)} {show_value(value)}",
+        f"`{name}` is {type_name(default, True)} ({show_value(default)} without {who}), "
+        f"but {who} gives {type_name(value, True)} {show_value(value)}",
         node.span,
         hint=f"give `{name}` {type_name(default, True)}",
     )

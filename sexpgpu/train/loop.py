@@ -43,7 +43,8 @@ from sexpgpu.train.metrics import MetricsLog, write_status
 from sexpgpu.train.rank import RankLoop, RunContext, carry_key, params_digest
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.run_folder import RunClaim, claim_run_folder
-from sexpgpu.train.settings import RunSettings
+from sexpgpu.train.settings import RunSettings, changed_sets
+from sexpgpu.train.trained import checkpoint_folder
 
 __all__ = ["RunSummary", "StepReport", "Trainer"]
 
@@ -108,6 +109,7 @@ class Trainer:
         on_step: Callable[[StepReport], None] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         runtime: RuntimeConfig | None = None,
+        sets: Mapping[str, Any] | None = None,
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
         self.runtime = runtime or RuntimeConfig()
@@ -118,15 +120,12 @@ class Trainer:
         self.target, self.plan, self.report = target, plan, tuple(report)
         self.resume, self.on_step = resume, on_step
         self.storage_options = storage_options
+        self.sets = dict(sets or {})
         self.location = self._location()
 
     def _location(self) -> Location | None:
-        where = self.settings.checkpoint_location
-        if where is None:
-            return None
-        if "://" not in where and not Path(where).is_absolute():
-            where = str(self.run_dir / where)
-        return Location(where, self.storage_options)
+        where = checkpoint_folder(self.run_dir, self.settings)
+        return None if where is None else Location(where, self.storage_options)
 
     @property
     def lead_node(self) -> bool:
@@ -216,6 +215,7 @@ class Trainer:
             status=self._status,
             link=link,
             carry=carry,
+            sets=self.sets,
         )
 
     def _open_folder(self) -> RunClaim:
@@ -228,6 +228,7 @@ class Trainer:
             self.run_name,
             resume=self.resume is not None,
             checkpoint_hashes=hashes,
+            record={"sets": self.sets} if self.sets else {},
         )
 
     def _open_metrics(self, resumed: int | None) -> MetricsLog:
@@ -292,7 +293,8 @@ class Trainer:
                 f"checkpoint {ckpt.where} was written by experiment "
                 f"{str(state.get('experiment_hash'))[:12]}, this is {self.hash[:12]}",
                 ckpt.where,
-                hint="resume with the same file, variant and run; "
+                hint=changed_sets(state.get("sets"), self.sets)
+                or "resume with the same file, variant, --set values and run; "
                 "change only --steps to extend a run",
             )
         here = (len(self.devices), self.runtime.nodes)

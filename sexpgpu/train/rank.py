@@ -29,6 +29,7 @@ from sexpgpu.runtime.memory import MemoryPlan
 from sexpgpu.runtime.nodes import GradientCarry, NodeLink
 from sexpgpu.train.checkpoint import Checkpoint, Location, save_checkpoint
 from sexpgpu.train.data import Loader
+from sexpgpu.train.evaluate import evaluate_batches
 from sexpgpu.train.metrics import REDUCERS, MetricsLog
 from sexpgpu.train.reports import RunSummary, StepReport
 from sexpgpu.train.schedules import make_schedule
@@ -84,6 +85,8 @@ class RunContext:
         This node's link to the others (a link to itself on one node).
     carry
         This node's bf16 rounding error, summed into its next contribution.
+    sets
+        The ``--set`` values, recorded in checkpoints.
     """
 
     settings: RunSettings
@@ -98,6 +101,7 @@ class RunContext:
     status: Callable[..., None]
     link: NodeLink = field(default_factory=NodeLink)
     carry: GradientCarry | None = None
+    sets: Mapping[str, Any] = field(default_factory=dict)
 
 
 def carry_key(node: int) -> str:
@@ -335,15 +339,12 @@ class RankLoop:
             )
 
     def _evaluate(self, step: int) -> None:
-        losses, right, total = [], 0, 0
-        for batch in self.loader.eval_batches(self.s.eval_batches):
-            result = self.program.evaluate(batch, self.run_ctx.target)
-            losses.append(result.loss)
-            right, total = right + result.correct, total + result.count
-        self.last["eval_loss"], self.last["eval_step"] = float(np.mean(losses)), step
+        batches = self.loader.eval_batches(self.s.eval_batches)
+        result = evaluate_batches(self.program, batches, self.run_ctx.target)
+        self.last["eval_loss"], self.last["eval_step"] = result.loss, step
         self.metrics.write(step, "eval/loss", self.last["eval_loss"])
-        if total:
-            self.last["eval_accuracy"] = right / total
+        if result.accuracy is not None:
+            self.last["eval_accuracy"] = result.accuracy
             self.metrics.write(step, "eval/accuracy", self.last["eval_accuracy"])
 
     def _report(
@@ -418,6 +419,8 @@ class RankLoop:
             "node_gradients": self.link.gradients,
             "device": self.ctx.device.kind,
         }
+        if self.run_ctx.sets:
+            state["sets"] = dict(self.run_ctx.sets)
         tensors = dict(host.moments)
         for node, residual in enumerate(carries or []):
             tensors[carry_key(node)] = residual

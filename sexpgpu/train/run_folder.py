@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 
@@ -84,6 +85,7 @@ def claim_run_folder(
     *,
     resume: bool,
     checkpoint_hashes: Iterable[str] = (),
+    record: Mapping[str, Any] | None = None,
 ) -> RunClaim:
     """Claim `folder` for the run `run_name` of the experiment `experiment_hash`.
 
@@ -98,6 +100,8 @@ def claim_run_folder(
     checkpoint_hashes
         The experiment hashes of the checkpoints already in the run's
         checkpoint location (empty when it has none or none is set).
+    record
+        More of the run to write into a new ``run.json`` (its ``--set`` values).
 
     Returns
     -------
@@ -142,7 +146,7 @@ def claim_run_folder(
     if not resume and old:
         note = f"run folder {path}: starting anew; the earlier {' and '.join(old)} are replaced"
     if owner is None:
-        _write_owner(path, mine)
+        _write_owner(path, {**mine, **(record or {})})
     return RunClaim(path, fresh=not resume, note=note)
 
 
@@ -165,7 +169,7 @@ def _read_owner(path: Path) -> dict[str, str] | None:
     return {"experiment_hash": owner["experiment_hash"], "run": owner["run"]}
 
 
-def _write_owner(path: Path, owner: dict[str, str]) -> None:
+def _write_owner(path: Path, owner: Mapping[str, Any]) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         tmp = path / f".{RECORD}.tmp"

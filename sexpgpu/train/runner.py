@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ def prepare_run(
     path: str | Path,
     *,
     variant: str | None = None,
+    sets: Sequence[str] = (),
     run: str | None = None,
     steps: int | None = None,
     out: str | Path | None = None,
@@ -60,6 +61,8 @@ def prepare_run(
         The experiment file.
     variant, run
         ``--variant`` and ``--run``.
+    sets
+        ``--set NAME=VALUE`` texts: parameter values after the variant.
     steps
         ``--steps``: overrides ``:steps`` (the schedule's horizon too).
     out
@@ -90,7 +93,7 @@ def prepare_run(
     config = RuntimeConfig.from_env(os.environ if environ is None else environ, device=device)
     backend = backend or get_device(config.device)
     devices = [str(d) for d in config.local_devices]
-    experiment = load_experiment(path, variant)
+    experiment = load_experiment(path, variant, sets)
     rundef = experiment.run(run)
     if steps is not None and not 1 <= steps < 2**63:  # the file's :steps has the same bounds
         raise SexpgpuError(
@@ -134,6 +137,7 @@ def prepare_run(
         on_step=on_step,
         storage_options=storage_options,
         runtime=config,
+        sets=experiment.sets,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.definitions import OptimizerSpec, ScheduleSpec
 from sexpgpu.lang.runs import RUN_KEYS
 
-__all__ = ["RunSettings", "experiment_hash", "microbatches_per_rank"]
+__all__ = ["RunSettings", "changed_sets", "experiment_hash", "microbatches_per_rank"]
 
 
 @dataclass(frozen=True)
@@ -73,14 +74,33 @@ def microbatches_per_rank(microbatches: int, ranks: int) -> int:
 
 
 def experiment_hash(experiment: Any, run_name: str) -> str:
-    """sha256 of the experiment's text, its variant and the run's name.
+    """sha256 of the experiment's text, its variant, its ``--set`` values and the run's name.
 
     ``--steps`` is not part of it, so a run can be extended by resuming with a
-    larger ``--steps``; any edit of the file makes another experiment.
+    larger ``--steps``; any edit of the file, or another ``--set``, makes
+    another experiment.
     """
     source = getattr(experiment, "source", None)
     text = getattr(source, "text", source)
     if not isinstance(text, str):
         text = Path(experiment.path).read_text(encoding="utf-8")
-    blob = json.dumps([text, getattr(experiment, "variant", None), run_name])
+    parts: list[Any] = [text, getattr(experiment, "variant", None), run_name]
+    sets = dict(getattr(experiment, "sets", {}) or {})
+    if sets:  # runs without --set keep the hash they always had
+        parts.append(sorted(sets.items()))
+    blob = json.dumps(parts)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def changed_sets(then: Any, now: Mapping[str, Any]) -> str | None:
+    """A hint naming the ``--set`` values that differ from a checkpoint's, when any do."""
+    then = then if isinstance(then, dict) else {}
+    names = sorted(k for k in {*then, *now} if then.get(k) != now.get(k))
+    if not names:
+        return None
+
+    def show(sets: Mapping[str, Any], name: str) -> str:
+        return f"--set {name}={json.dumps(sets[name])}" if name in sets else f"no --set {name}"
+
+    changes = "; ".join(f"{show(now, n)} here, {show(then, n)} in the checkpoint" for n in names)
+    return f"a changed experiment: {changes}; give the checkpoint's values"

@@ -39,6 +39,7 @@ __all__ = [
     "cast",
     "concat",
     "constant",
+    "cos",
     "cross_entropy",
     "cross_entropy_grad",
     "div",
@@ -71,6 +72,7 @@ __all__ = [
     "scatter_add",
     "sigmoid",
     "sign",
+    "sin",
     "slice",
     "softmax",
     "softmax_grad",
@@ -80,6 +82,7 @@ __all__ = [
     "take",
     "tanh",
     "transpose",
+    "uniform",
     "where",
 ]
 
@@ -207,6 +210,8 @@ sqrt = _elementwise(Op.SQRT, "Square root.")
 rsqrt = _elementwise(Op.RSQRT, "``1 / sqrt(x)``.")
 tanh = _elementwise(Op.TANH, "Hyperbolic tangent.")
 sigmoid = _elementwise(Op.SIGMOID, "``1 / (1 + e**-x)``.")
+sin = _elementwise(Op.SIN, "Sine (radians).")
+cos = _elementwise(Op.COS, "Cosine (radians).")
 abs = _elementwise(Op.ABS, "``|x|``.")
 sign = _elementwise(Op.SIGN, "-1, 0 or 1 (no gradient).")
 add = _elementwise(Op.ADD, "``a + b`` (broadcasting).")
@@ -225,6 +230,14 @@ where = _elementwise(Op.WHERE, "`a` where `cond` holds, else `b` (broadcasting a
 def cast(x: Node, dtype: DType | str, span: Span | None = None) -> Node:
     """`x` converted to `dtype` (floats to int32 truncate toward zero)."""
     return emit(Op.CAST, x, span=span, dtype=DType(dtype))
+
+
+def uniform(key: Node, counter: Node, salt: builtins.int, span: Span | None = None) -> Node:
+    """f32 numbers in [0, 1), a hash of int32 `key` and `counter` (broadcast) and `salt`.
+
+    See `sexpgpu.ir.counter_rng`: the same integers give the same numbers on every device.
+    """
+    return emit(Op.UNIFORM, key, counter, span=span, salt=salt)
 
 
 def gt(a: Node, b: Node, span: Span | None = None) -> Node:

@@ -6,7 +6,8 @@ respect to every parameter (`sexpgpu.ir.autodiff`), and run the graph passes
 with the verifier between them:
 
 * the training graph gives ``loss`` and every parameter's ``grad/<name>``;
-* the evaluation graph gives ``loss`` and the model's ``output``;
+* the evaluation graph gives ``loss`` and the model's ``output``, with
+  every dropout the identity (`Trace.train_only`);
 * the activation graph (built on first use) gives each call's root mean
   square, for the activation-rms diagnostic.
 
@@ -32,7 +33,7 @@ from sexpgpu.ir.autodiff import training_graph
 from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Graph, Node, topological_order
 from sexpgpu.ir.ops import Op
-from sexpgpu.ir.passes import optimize
+from sexpgpu.ir.passes import optimize, substitute
 from sexpgpu.ir.trace import Trace, trace_run
 from sexpgpu.ir.trace_init import Init, draw, param_rng
 from sexpgpu.ir.verify import verify
@@ -177,8 +178,14 @@ class CompiledRun:
         """
         trace = self._trace
         outputs = {path: _rms(node) for path, node in trace.activations.items()}
-        leaves = [*trace.inputs.values(), *trace.param_nodes.values()]
-        return optimize(Graph.of(outputs, leaves), check=verify)
+        return optimize(_as_evaluated(trace, outputs), check=verify)
+
+
+def _as_evaluated(trace: Trace, outputs: Mapping[str, Node]) -> Graph:
+    """`outputs` as evaluation computes them: every dropout the identity, no random key fed."""
+    leaves = [*trace.inputs.values(), *trace.param_nodes.values()]
+    swapped = substitute(Graph.of(outputs, leaves), trace.train_only)
+    return Graph.of(swapped.outputs, leaves)
 
 
 def _target_field(trace: Trace, model_inputs: tuple[str, ...]) -> str | None:
@@ -223,7 +230,7 @@ def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
     outputs = {"loss": trace.loss}
     if trace.output is not None:
         outputs["output"] = trace.output
-    evaluation = optimize(Graph.of(outputs, leaves), check=verify)
+    evaluation = optimize(_as_evaluated(trace, outputs), check=verify)
     model = experiment.models[run.model]
     model_inputs = tuple(getattr(s, "name", str(s)) for s in model.inputs)
     compiled = CompiledRun(run.name, trace, train, evaluation, model_inputs)

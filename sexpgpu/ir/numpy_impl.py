@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sexpgpu.ir.counter_rng import uniform_bits
 from sexpgpu.ir.dtypes import DType, numpy_dtype, round_bf16
 from sexpgpu.ir.node import ConstArray, Node
 from sexpgpu.ir.numpy_fused import check_ids  # the import fills IMPL_RULES
@@ -106,6 +107,8 @@ for _op, _fn in [
     (Op.LOG, np.log),
     (Op.SQRT, np.sqrt),
     (Op.TANH, np.tanh),
+    (Op.SIN, np.sin),
+    (Op.COS, np.cos),
     (Op.ABS, np.absolute),
     (Op.SIGN, np.sign),
     (Op.ADD, np.add),
@@ -154,6 +157,11 @@ def _where(node: Node, cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: Out 
         np.copyto(out, a)
     np.copyto(out, b, where=np.logical_not(cond))
     return out
+
+
+@impl_rule(Op.UNIFORM)
+def _uniform(node: Node, key: np.ndarray, counter: np.ndarray, out: Out = None) -> np.ndarray:
+    return uniform_bits(key, counter, node.attrs["salt"])
 
 
 # ---------------------------------------------------------------- reductions

@@ -29,6 +29,8 @@ SCATTER_ADD         rows: int (first axis of the result)
 SOFTMAX, ...        axis: int (SOFTMAX, LOG_SOFTMAX, SOFTMAX_GRAD)
 ATTENTION, ..._GRAD causal: bool, scale: float
 LAYERNORM, ..._GRAD eps: float (normalizes over the last axis)
+UNIFORM             salt: int (a 31-bit number telling one call site's stream
+                    from another's; see docs/ir.md, "Random numbers")
 ==================  ==========================================================
 """
 
@@ -45,6 +47,7 @@ __all__ = [
     "LEAF",
     "MOVEMENT",
     "PRODUCT",
+    "RANDOM",
     "REDUCE",
     "UNARY",
     "VIEW",
@@ -70,6 +73,8 @@ class Op(Enum):
     SIGMOID = auto()
     ABS = auto()
     SIGN = auto()
+    SIN = auto()
+    COS = auto()
     CAST = auto()
     # elementwise binary (NumPy broadcasting)
     ADD = auto()
@@ -84,6 +89,8 @@ class Op(Enum):
     EQ = auto()
     # elementwise ternary
     WHERE = auto()
+    # counter-based random numbers (elementwise over int32 keys and counters)
+    UNIFORM = auto()
     # reductions
     SUM = auto()
     MAX = auto()
@@ -126,11 +133,26 @@ LEAF = frozenset({Op.INPUT, Op.PARAM, Op.CONSTANT, Op.IOTA})
 # Leaves whose values the caller feeds by name (the others are computed).
 FED = frozenset({Op.INPUT, Op.PARAM})
 UNARY = frozenset(
-    {Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIGMOID, Op.ABS, Op.SIGN, Op.CAST}
+    {
+        Op.NEG,
+        Op.EXP,
+        Op.LOG,
+        Op.SQRT,
+        Op.RSQRT,
+        Op.TANH,
+        Op.SIGMOID,
+        Op.ABS,
+        Op.SIGN,
+        Op.SIN,
+        Op.COS,
+        Op.CAST,
+    }
 )
 COMPARISON = frozenset({Op.LT, Op.LE, Op.EQ})
 BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAXIMUM, Op.MINIMUM}) | COMPARISON
-ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
+# Ops whose value is a hash of their integer operands (no gradient, no state).
+RANDOM = frozenset({Op.UNIFORM})
+ELEMENTWISE = UNARY | BINARY | {Op.WHERE} | RANDOM
 REDUCE = frozenset({Op.SUM, Op.MAX})
 MOVEMENT = frozenset(
     {

@@ -7,7 +7,7 @@ users) and returns a new `Graph`; spans are kept.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
 from sexpgpu.ir.ops import FED, Op
 
-__all__ = ["cse", "dce", "fold_constants", "optimize", "rewrite"]
+__all__ = ["cse", "dce", "fold_constants", "optimize", "rewrite", "substitute"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,23 @@ def _with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
     if all(a is b for a, b in zip(inputs, node.inputs, strict=True)):
         return node
     return Node(node.op, node.dtype, node.shape, inputs, node.attrs, node.span)
+
+
+def substitute(graph: Graph, pairs: Sequence[tuple[Node, Node]]) -> Graph:
+    """`graph` with each ``(node, replacement)`` of `pairs` replaced (dropout in evaluation).
+
+    A replacement is a node of `graph` computed before the node it replaces
+    (dropout's operand); it stands in for that node wherever it is used.
+    """
+    swap = {id(node): replacement for node, replacement in pairs}
+    done: dict[int, Node] = {}
+
+    def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
+        other = swap.get(id(node))
+        done[id(node)] = done[id(other)] if other is not None else _with_inputs(node, inputs)
+        return done[id(node)]
+
+    return rewrite(graph, visit)
 
 
 def dce(graph: Graph, keep_unused_leaves: bool = True) -> Graph:

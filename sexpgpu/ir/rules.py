@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sexpgpu.ir.ops import COMPARISON, FED, LEAF, Op
+from sexpgpu.ir.ops import COMPARISON, FED, LEAF, RANDOM, Op
 
 __all__ = [
     "IMPL_EXEMPT",
@@ -42,11 +42,12 @@ VJP_RULES: dict[Op, Callable[..., Any]] = {}
 IMPL_EXEMPT = FED
 
 # Ops without a VJP: leaves (differentiation stops there), ops whose result
-# is piecewise constant (zero derivative), and the gradient-only fused ops
-# (no second derivatives).
+# is piecewise constant (zero derivative), random numbers (integer operands),
+# and the gradient-only fused ops (no second derivatives).
 VJP_EXEMPT = (
     LEAF
     | COMPARISON
+    | RANDOM
     | {
         Op.SIGN,
         Op.SOFTMAX_GRAD,

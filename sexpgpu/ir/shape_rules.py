@@ -109,7 +109,7 @@ def _signed(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -
     return x.dtype, x.shape, attrs
 
 
-@shape_rule(Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIGMOID)
+@shape_rule(Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.TANH, Op.SIGMOID, Op.SIN, Op.COS)
 def _float_unary(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
     (x,) = inputs
     _dtype_in(op, x, FLOATS, span)
@@ -141,6 +141,16 @@ def _where(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) ->
     _dtype_in(op, cond, frozenset({DType.BOOL}), span)
     dtype = _same_dtype(op, (a, b), span)
     return dtype, broadcast_shapes(op, [n.shape for n in inputs], span), attrs
+
+
+@shape_rule(Op.UNIFORM)
+def _uniform(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None) -> Result:
+    key, counter = inputs
+    for what, node in (("keys", key), ("counters", counter)):
+        _int32("E-SHAPE-002", f"uniform: {what}", node, span, "keys and counters are int32")
+    salt = attrs["salt"]
+    assert isinstance(salt, int) and 0 <= salt < 2**31, salt
+    return DType.F32, broadcast_shapes(op, [key.shape, counter.shape], span), {"salt": salt}
 
 
 @shape_rule(Op.SUM, Op.MAX)

@@ -215,7 +215,7 @@ def _shifted(axes: Sequence[int]) -> tuple[int, ...]:
 # ---------------------------------------------------------------- elementwise, products
 
 
-@_rule(*UNARY, *BINARY, Op.WHERE, Op.MATMUL)
+@_rule(*UNARY, *BINARY, Op.WHERE, Op.UNIFORM, Op.MATMUL)
 def _broadcasting(s: _Stacker, node: Node, xs, batched) -> Node:
     # matmul broadcasts its leading axes as the elementwise ops broadcast all
     # of theirs, and its two matrix axes are trailing: one alignment serves both.

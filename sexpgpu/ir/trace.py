@@ -30,13 +30,14 @@ from dataclasses import dataclass, field
 
 from sexpgpu.errors import SexpgpuError, Span
 from sexpgpu.ir import builder as b
+from sexpgpu.ir.counter_rng import KEY_FIELD, salt_of
 from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.shape_rules import format_shape
 from sexpgpu.ir.trace_call import Call, Value, describe_value
 from sexpgpu.ir.trace_data import field_specs
 from sexpgpu.ir.trace_init import INITIALIZERS, Init
-from sexpgpu.ir.trace_special import SPECIAL_FORMS, unknown_function_hint
+from sexpgpu.ir.trace_special import SPECIAL_FORMS, initializer, unknown_function_hint
 from sexpgpu.ir.vocabulary import VOCABULARY, Entry
 from sexpgpu.lang import (
     Experiment,
@@ -110,6 +111,12 @@ class Trace:
         Path -> the float result of each call that owns parameters (a defn
         or a layer, ``gpt/block.3/attention``) and of the model (``gpt``):
         what the activation-RMS diagnostic samples.
+    key
+        The INPUT node of the microbatch's random key (`KEY_FIELD`), when a
+        random op (dropout) reads it; else None.
+    train_only
+        (node, identity) pairs: values of the training graph that evaluation
+        replaces (a dropout's result by its operand).
     """
 
     loss: Node
@@ -119,6 +126,8 @@ class Trace:
     param_nodes: Mapping[str, Node]
     dtype: DType
     activations: Mapping[str, Node] = field(default_factory=dict)
+    key: Node | None = None
+    train_only: tuple[tuple[Node, Node], ...] = ()
 
 
 def trace_run(experiment: Experiment, run: RunDef) -> Trace:
@@ -166,6 +175,8 @@ def trace_run(experiment: Experiment, run: RunDef) -> Trace:
         dict(tracer.param_nodes),
         tracer.dtype,
         dict(tracer.activations),
+        tracer.key,
+        tuple(tracer.train_only),
     )
 
 
@@ -179,6 +190,8 @@ class _Tracer:
         self.param_nodes: dict[str, Node] = {}
         self.model_output: Node | None = None
         self.activations: dict[str, Node] = {}
+        self.key: Node | None = None
+        self.train_only: list[tuple[Node, Node]] = []
         self.depth = 0
         self.calls = 0
 
@@ -305,6 +318,8 @@ class _Tracer:
             cx.make_param = lambda pname, shape, init, at: self.make_param(
                 f"{path}/{pname}", shape, init, at
             )
+            cx.random_key = lambda: (self.random_key(span), salt_of(path))
+            cx.train_only = self.mark_train_only
             return self.record(path, entry.fn(cx))
         raise SexpgpuError(
             "E-TRACE-001",
@@ -439,7 +454,12 @@ class _Tracer:
         return item.name
 
     def keyword_value(self, entry: Entry, key: str, node: Syntax, env: Env, scope: Scope) -> Value:
-        """A keyword's value; a quoted keyword takes an unbound bare symbol as its name."""
+        """A keyword's value; a quoted keyword takes an unbound bare symbol as its name.
+
+        ``:init`` takes an initializer (``xavier``, ``(normal 0.02)``), as `param` does.
+        """
+        if key == "init":
+            return initializer(self, node, env, scope, entry.name)
         if (
             key in entry.quoted
             and isinstance(node, Symbol)
@@ -448,6 +468,19 @@ class _Tracer:
         ):
             return node.name
         return self.eval(node, env, scope)
+
+    # ------------------------------------------------------------ random ops
+
+    def random_key(self, span: Span) -> Node:
+        """The microbatch's random key: an int32 INPUT the loader feeds (made once)."""
+        if self.key is None:
+            self.key = b.input(KEY_FIELD, (), DType.INT32, span=span)
+        return self.key
+
+    def mark_train_only(self, result: Node, identity: Node) -> Node:
+        """Note that evaluation computes `identity` where training computes `result`."""
+        self.train_only.append((result, identity))
+        return result
 
     # ------------------------------------------------------------ parameters
 

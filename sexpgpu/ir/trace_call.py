@@ -71,6 +71,13 @@ class Call:
     arg_texts
         Position -> the argument's source text, for hints (threaded values
         have none).
+    random_key
+        ``random_key() -> (key, salt)``: the microbatch's int32 random key
+        (a fed input) and a salt of this call's path (layers only).
+    train_only
+        ``train_only(result, identity) -> result``: marks `result` as a value
+        of the training graph that evaluation replaces by `identity`
+        (dropout; layers only).
     """
 
     name: str
@@ -82,6 +89,8 @@ class Call:
     dtype: DType = DType.F32
     make_param: Callable[[str, tuple[int, ...], Init, Span], Node] | None = None
     arg_texts: dict[int, str] = field(default_factory=dict)
+    random_key: Callable[[], tuple[Node, int]] | None = None
+    train_only: Callable[[Node, Node], Node] | None = None
 
     # ------------------------------------------------------------ access
 

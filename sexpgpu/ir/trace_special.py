@@ -34,7 +34,7 @@ from sexpgpu.ir.vocabulary import VOCABULARY
 from sexpgpu.lang import Experiment, Keyword, ListNode, Symbol, Vector, unparse
 from sexpgpu.lang import Node as Syntax
 
-__all__ = ["SPECIAL_FORMS", "unknown_function_hint"]
+__all__ = ["SPECIAL_FORMS", "initializer", "unknown_function_hint"]
 
 Leading = Sequence[tuple[Value, Span]]
 Form = Callable[..., Value]
@@ -163,13 +163,13 @@ def _param(tracer: Any, head: Symbol, items, span: Span, env, scope, leading, na
     if rest:
         if len(rest) != 2 or not isinstance(rest[0], Keyword) or rest[0].name != "init":
             raise _malformed("param", "takes a shape and :init only", rest[0].span)
-        init = _init(tracer, rest[1], env, scope)
+        init = initializer(tracer, rest[1], env, scope)
     path = scope.claim(name or "param")
     return tracer.make_param(path, tuple(shape), init, span)
 
 
-def _init(tracer: Any, node: Syntax, env, scope) -> Init:
-    """An initializer from its syntax: ``zeros`` or ``(normal 0.02)``."""
+def initializer(tracer: Any, node: Syntax, env, scope, who: str = "param") -> Init:
+    """An initializer from its syntax: ``zeros`` or ``(normal 0.02)`` (`who`: the form's name)."""
     if isinstance(node, Symbol):
         kind, arg_nodes = node.name, ()
     elif isinstance(node, ListNode) and node.items and isinstance(node.items[0], Symbol):
@@ -182,14 +182,14 @@ def _init(tracer: Any, node: Syntax, env, scope) -> Init:
         lead = f"did you mean `{close[0]}`? " if close else ""
         raise SexpgpuError(
             "E-TRACE-005",
-            f"param: unknown initializer {unparse(node)}",
+            f"{who}: unknown initializer {unparse(node)}",
             node.span,
             f"{lead}initializers: {forms}",
         )
     if len(arg_nodes) != INITIALIZERS[kind]:
         raise SexpgpuError(
             "E-TRACE-005",
-            f"param: `{kind}` takes {_count(INITIALIZERS[kind])}, found {len(arg_nodes)}",
+            f"{who}: `{kind}` takes {_count(INITIALIZERS[kind])}, found {len(arg_nodes)}",
             node.span,
             f"initializers: {forms}",
         )
@@ -199,7 +199,7 @@ def _init(tracer: Any, node: Syntax, env, scope) -> Init:
         if not is_number(value):
             raise SexpgpuError(
                 "E-TRACE-004",
-                f"param: `{kind}` takes numbers, found {describe_value(value)}",
+                f"{who}: `{kind}` takes numbers, found {describe_value(value)}",
                 arg.span,
                 f"initializers: {forms}",
             )

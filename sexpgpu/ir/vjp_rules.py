@@ -78,6 +78,17 @@ def _tanh(node: Node, g: Node, needs: Needs) -> Grads:
     return (b.mul(g, slope, span=s),)
 
 
+@vjp_rule(Op.SIN)
+def _sin(node: Node, g: Node, needs: Needs) -> Grads:
+    return (b.mul(g, b.cos(node.inputs[0], span=node.span), span=node.span),)
+
+
+@vjp_rule(Op.COS)
+def _cos(node: Node, g: Node, needs: Needs) -> Grads:
+    s = node.span
+    return (b.neg(b.mul(g, b.sin(node.inputs[0], span=s), span=s), span=s),)
+
+
 @vjp_rule(Op.SIGMOID)
 def _sigmoid(node: Node, g: Node, needs: Needs) -> Grads:
     s = node.span

@@ -149,6 +149,8 @@ _UNARY: dict[str, tuple[Callable[[float], float], Callable[..., Node]]] = {
     "abs": (abs, b.abs),
     "tanh": (math.tanh, b.tanh),
     "sigmoid": (_sigmoid, b.sigmoid),
+    "sin": (math.sin, b.sin),
+    "cos": (math.cos, b.cos),
 }
 
 
@@ -159,6 +161,43 @@ def _register_unary(name: str) -> None:
 
 for _name in _UNARY:
     _register_unary(_name)
+
+
+# ---------------------------------------------------------------- masks
+
+_COMPARE: dict[str, tuple[Callable[[Any, Any], bool], Callable[..., Node]]] = {
+    "<": (operator.lt, b.lt),
+    "<=": (operator.le, b.le),
+    ">": (operator.gt, b.gt),
+    ">=": (operator.ge, b.ge),
+    "=": (operator.eq, b.eq),
+}
+
+
+def _compare(cx: Call) -> Value:
+    """A comparison: a bool mask of the broadcast shape (a Python bool of two numbers)."""
+    py, node = _COMPARE[cx.name]
+    if all(is_number(v) for v in cx.args):
+        return py(*cx.args)
+    left, right = cx.tensors([0, 1])
+    return node(left, right, span=cx.span)
+
+
+for _name in _COMPARE:
+    entry(_name, f"({_name} a b)", (2, 2))(_compare)
+
+
+@entry("where", "(where mask a b)", (3, 3))
+def _where(cx: Call) -> Node:
+    mask = cx.tensor(0)
+    if mask.dtype is not DType.BOOL:
+        raise cx.fail(
+            f"where: the mask is {describe_value(mask)}, not a bool mask",
+            "make it with a comparison, e.g. (where (< x 0) a b)",
+            0,
+        )
+    a, c = cx.tensors([1, 2])
+    return b.where(mask, a, c, span=cx.span)
 
 
 # ---------------------------------------------------------------- activations

@@ -31,11 +31,11 @@ from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Node
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.shape_rules import check_targets, format_shape
-from sexpgpu.ir.trace_call import Call
+from sexpgpu.ir.trace_call import Call, describe_value
 from sexpgpu.ir.trace_init import Init
 from sexpgpu.ir.vocabulary_table import entry, mean_over
 
-__all__: list[str] = []
+__all__ = ["grouped_attention", "rotary"]
 
 _XAVIER = Init("xavier")
 _ZEROS = Init("zeros")
@@ -62,19 +62,38 @@ def _affine(x: Node, w: Node, bias: Node | None, span: Span) -> Node:
     return y if x.ndim == 2 else b.reshape(y, (*x.shape[:-1], w.shape[-1]), span=span)
 
 
-@entry("linear", "(linear x n :bias true)", (2, 2), keywords={"bias": True}, layer=True)
+@entry(
+    "linear",
+    "(linear x n :bias true :init xavier)",
+    (2, 2),
+    keywords={"bias": True, "init": None},
+    layer=True,
+)
 def _linear(cx: Call) -> Node:
     x = cx.tensor(0)
     n_in, n_out = _features(cx, x), cx.integer(1, minimum=1)
-    w = cx.param("weight", (n_in, n_out), _XAVIER)
+    w = cx.param("weight", (n_in, n_out), _init_of(cx, _XAVIER))
     bias = cx.param("bias", (n_out,), _ZEROS) if cx.boolean("bias") else None
     return _affine(x, w, bias, cx.span)
 
 
-@entry("embed", "(embed ids vocab width)", (3, 3), layer=True)
+def _init_of(cx: Call, default: Init) -> Init:
+    """The call's ``:init`` (read by the tracer as `param` reads one), else `default`."""
+    init = cx.get("init")
+    return default if init is None else init
+
+
+@entry(
+    "embed",
+    "(embed ids vocab width :init (normal 0.02))",
+    (3, 3),
+    keywords={"init": None},
+    layer=True,
+)
 def _embed(cx: Call) -> Node:
     ids = cx.tensor(0)
-    table = cx.param("weight", (cx.integer(1, minimum=1), cx.integer(2, minimum=1)), _EMBED)
+    shape = (cx.integer(1, minimum=1), cx.integer(2, minimum=1))
+    table = cx.param("weight", shape, _init_of(cx, _EMBED))
     return b.take(table, ids, span=cx.span)
 
 
@@ -85,13 +104,20 @@ def _rms_normalize(x: Node, eps: float, span: Span) -> Node:
     return b.mul(x, inv, span=span)
 
 
-@entry("layernorm", "(layernorm x :eps 1e-5)", keywords={"eps": 1e-5}, layer=True)
+@entry(
+    "layernorm",
+    "(layernorm x :eps 1e-5 :bias true)",
+    keywords={"eps": 1e-5, "bias": True},
+    layer=True,
+)
 def _layernorm(cx: Call) -> Node:
     x = cx.tensor(0)
     width = _features(cx, x)
-    w, bias = cx.param("weight", (width,), _ONES), cx.param("bias", (width,), _ZEROS)
+    w = cx.param("weight", (width,), _ONES)
+    bias = cx.param("bias", (width,), _ZEROS) if cx.boolean("bias") else None
     y = b.layernorm(x, cx.number("eps"), span=cx.span)  # fused: the VJP recomputes the statistics
-    return b.add(b.mul(y, w, span=cx.span), bias, span=cx.span)
+    y = b.mul(y, w, span=cx.span)
+    return y if bias is None else b.add(y, bias, span=cx.span)
 
 
 @entry("rmsnorm", "(rmsnorm x :eps 1e-5)", keywords={"eps": 1e-5}, layer=True)
@@ -103,13 +129,15 @@ def _rmsnorm(cx: Call) -> Node:
 
 @entry(
     "attention",
-    "(attention x :heads H :causal false)",
-    keywords={"heads": 1, "causal": False},
+    "(attention x :heads H :kv-heads K :bias true :rope false :causal false)",
+    keywords={"heads": 1, "kv-heads": None, "bias": True, "rope": False, "causal": False},
     layer=True,
 )
 def _attention(cx: Call) -> Node:
     x, span = cx.tensor(0), cx.span
-    heads, causal = cx.integer("heads", minimum=1), cx.boolean("causal")
+    heads, causal, bias = cx.integer("heads", minimum=1), cx.boolean("causal"), cx.boolean("bias")
+    kv = heads if cx.get("kv-heads") is None else cx.integer("kv-heads", minimum=1)
+    base = _rope_option(cx)
     if x.ndim < 2:
         raise cx.fail(
             f"attention needs a [.. seq width] tensor, found {format_shape(x.shape)}",
@@ -123,20 +151,182 @@ def _attention(cx: Call) -> Node:
             f"choose :heads dividing {width}",
             "heads",
         )
+    if heads % kv:
+        raise cx.fail(
+            f"attention: {kv} key/value heads do not divide {heads} query heads",
+            f"choose :kv-heads dividing {heads} (1 for multi-query attention)",
+            "kv-heads",
+        )
     d = width // heads
     lead = math.prod(x.shape[:-2])
 
-    def project(name: str) -> Node:  # (N S W) -> (N S H D)
-        w = cx.param(f"w{name}", (width, width), _XAVIER)
-        bias = cx.param(f"b{name}", (width,), _ZEROS)
-        return b.reshape(_affine(x, w, bias, span), (lead, seq, heads, d), span=span)
+    def project(name: str, count: int) -> Node:  # (N S W) -> (N S count D)
+        w = cx.param(f"w{name}", (width, count * d), _XAVIER)
+        bias_ = cx.param(f"b{name}", (count * d,), _ZEROS) if bias else None
+        return b.reshape(_affine(x, w, bias_, span), (lead, seq, count, d), span=span)
 
-    q, k, v = (b.transpose(project(n), (0, 2, 1, 3), span=span) for n in "qkv")  # (N H S D)
-    # Fused: the (N H S S) weights are never stored; the backward recomputes them.
-    y = b.attention(q, k, v, causal, scale=1.0 / math.sqrt(d), span=span)  # (N H S D)
+    q, k, v = project("q", heads), project("k", kv), project("v", kv)
+    if base is not None:
+        q, k = rotary(q, base, span), rotary(k, base, span)
+    q, k, v = (b.transpose(t, (0, 2, 1, 3), span=span) for t in (q, k, v))  # (N H S D)
+    y = grouped_attention(q, k, v, causal, 1.0 / math.sqrt(d), span)  # (N H S D)
     y = b.reshape(b.transpose(y, (0, 2, 1, 3), span=span), (*x.shape[:-1], width), span=span)
-    wo, bo = cx.param("wo", (width, width), _XAVIER), cx.param("bo", (width,), _ZEROS)
+    wo = cx.param("wo", (width, width), _XAVIER)
+    bo = cx.param("bo", (width,), _ZEROS) if bias else None
     return _affine(y, wo, bo, span)
+
+
+def _rope_option(cx: Call) -> float | None:
+    """``:rope``: false (None), or a positive base such as 10000.0."""
+    value = cx.get("rope")
+    if value is False:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise cx.fail(
+            f"attention: `:rope` must be false or a positive base, found {describe_value(value)}",
+            "write :rope 10000.0 (Llama's base) or :rope false",
+            "rope",
+        )
+    return float(value)
+
+
+# ---------------------------------------------------------------- attention pieces
+
+
+def rotary(x: Node, base: float, span: Span) -> Node:
+    """Rotary position embeddings on ``[.. seq heads d]``: the half-split rotation.
+
+    With ``x1, x2`` the first and second halves of the last axis and
+    ``theta[s, i] = s * base ** (-2 i / d)``, the result is
+    ``concat(x1 cos - x2 sin, x2 cos + x1 sin)`` (Llama's and GPT-NeoX's
+    convention, not GPT-J's interleaved pairs). The tables are made in f32
+    from iotas (folded to constants at compile time) and cast to x's dtype.
+    """
+    seq, d = x.shape[-3], x.shape[-1]
+    half = d // 2
+    f32 = DType.F32
+    pos = b.cast(b.iota((seq, 1, half), 0, span=span), f32, span=span)
+    index = b.cast(b.iota((seq, 1, half), 2, span=span), f32, span=span)
+    exponent = b.mul(index, b.constant(2.0 / d, f32, span=span), span=span)
+    inv_freq = b.div(
+        b.constant(1.0, f32, span=span),
+        b.pow(b.constant(base, f32, span=span), exponent, span=span),
+        span=span,
+    )
+    theta = b.mul(pos, inv_freq, span=span)  # (S 1 d/2)
+    cos, sin = (b.cast(fn(theta, span=span), x.dtype, span=span) for fn in (b.cos, b.sin))
+    x1, x2 = b.slice(x, -1, 0, half, span=span), b.slice(x, -1, half, d, span=span)
+    first = b.sub(b.mul(x1, cos, span=span), b.mul(x2, sin, span=span), span=span)
+    second = b.add(b.mul(x2, cos, span=span), b.mul(x1, sin, span=span), span=span)
+    return b.concat([first, second], -1, span=span)
+
+
+@entry("rope", "(rope x :base 10000.0)", keywords={"base": 10000.0})
+def _rope(cx: Call) -> Node:
+    x = cx.tensor(0)
+    if x.ndim < 3 or x.shape[-1] % 2:
+        raise cx.fail(
+            f"rope needs a [.. seq heads d] tensor with an even d, found {format_shape(x.shape)}",
+            "split the heads first: (reshape q [batch seq heads d])",
+            0,
+        )
+    if x.dtype not in FLOATS:
+        raise cx.fail(f"rope: {describe_value(x)} is not a float tensor", "cast it first", 0)
+    base = cx.number("base")
+    if not base > 0:
+        raise cx.fail(f"rope: `:base` must be positive, found {base:g}", "write 10000.0", "base")
+    return rotary(x, base, cx.span)
+
+
+def grouped_attention(
+    q: Node, k: Node, v: Node, causal: bool, scale: float, span: Span | None
+) -> Node:
+    """Fused attention of queries ``[.. H S D]`` over keys and values ``[.. K S D]``, K | H.
+
+    Query head ``h`` reads key/value head ``h // (H / K)`` (grouped-query
+    attention; K = 1 is multi-query): each key/value head is repeated for
+    its group before the IR's fused ATTENTION op, whose VJP sums the
+    repeats back.
+    """
+    heads, kv = q.shape[-3], k.shape[-3]
+    if kv != heads:
+        group = heads // kv
+
+        def repeat(t: Node) -> Node:  # (.. K S D) -> (.. K G S D) -> (.. H S D)
+            lead, tail = t.shape[:-3], t.shape[-2:]
+            wide = b.reshape(t, (*lead, kv, 1, *tail), span=span)
+            wide = b.broadcast_to(wide, (*lead, kv, group, *tail), span=span)
+            return b.reshape(wide, (*lead, heads, *tail), span=span)
+
+        k, v = repeat(k), repeat(v)
+    return b.attention(q, k, v, causal, scale=scale, span=span)
+
+
+@entry(
+    "sdpa", "(sdpa q k v :causal false :scale S)", (3, 3), keywords={"causal": False, "scale": None}
+)
+def _sdpa(cx: Call) -> Node:
+    q, k, v = cx.tensor(0), cx.tensor(1), cx.tensor(2)
+    _check_sdpa(cx, q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if cx.get("scale") is None else cx.number("scale")
+    return grouped_attention(q, k, v, cx.boolean("causal"), scale, cx.span)
+
+
+def _check_sdpa(cx: Call, q: Node, k: Node, v: Node) -> None:
+    """E-SHAPE-011 unless q is ``[.. H S D]`` and k, v are ``[.. K S D]`` with K dividing H."""
+    listed = ", ".join(format_shape(t.shape) for t in (q, k, v))
+    ok = q.ndim >= 3 and k.shape == v.shape and k.ndim == q.ndim
+    ok = ok and q.shape[:-3] == k.shape[:-3] and q.shape[-2:] == k.shape[-2:]
+    if not ok:
+        raise SexpgpuError(
+            "E-SHAPE-011",
+            f"sdpa: queries [.. H S D] and keys, values [.. K S D] do not fit: {listed}",
+            cx.span,
+            "split heads the same way for all three, e.g. [batch heads seq dim]; keys and "
+            "values may have fewer heads",
+        )
+    if q.shape[-3] % k.shape[-3]:
+        raise SexpgpuError(
+            "E-SHAPE-011",
+            f"sdpa: {k.shape[-3]} key/value heads do not divide {q.shape[-3]} query heads "
+            f"({listed})",
+            cx.where(1),
+            "each group of query heads shares one key/value head: K must divide H",
+        )
+
+
+# ---------------------------------------------------------------- regularization
+
+
+@entry("dropout", "(dropout x :p 0.1)", keywords={"p": 0.1}, layer=True)
+def _dropout(cx: Call) -> Node:
+    """Inverted dropout: zero each element with probability p, scale the rest by 1 / (1 - p).
+
+    The training graph draws the mask from the microbatch's key and each
+    element's position (`sexpgpu.ir.counter_rng`); evaluation takes `x`.
+    """
+    x, span = cx.tensor(0), cx.span
+    p = cx.number("p")
+    if not 0.0 <= p < 1.0:
+        raise cx.fail(f"dropout: `:p` must lie in [0, 1), found {p:g}", "write e.g. :p 0.1", "p")
+    if x.dtype not in FLOATS:
+        raise cx.fail(f"dropout: {describe_value(x)} is not a float tensor", "cast it first", 0)
+    if p == 0.0:
+        return x
+    if x.size >= 2**31:
+        raise cx.fail(
+            f"dropout: {format_shape(x.shape)} has {x.size} elements; positions are int32",
+            "use a smaller :batch or split the tensor",
+            0,
+        )
+    assert cx.random_key is not None and cx.train_only is not None
+    key, salt = cx.random_key()
+    counter = b.reshape(b.iota((x.size,), 0, span=span), x.shape, span=span)
+    u = b.uniform(key, counter, salt, span=span)
+    keep = b.le(b.constant(p, DType.F32, span=span), u, span=span)  # u >= p: kept with 1 - p
+    scaled = b.mul(x, b.constant(1.0 / (1.0 - p), x.dtype, span=span), span=span)
+    y = b.where(keep, scaled, b.constant(0.0, x.dtype, span=span), span=span)
+    return cx.train_only(y, x)
 
 
 # ---------------------------------------------------------------- losses

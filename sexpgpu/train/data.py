@@ -18,7 +18,9 @@ there, so a source here only opens and reads.
 Token streams: the first ``split`` of the stream trains, the rest evaluates.
 Training windows of ``seq + 1`` tokens start at random offsets drawn from
 ``default_rng([seed, g])``; evaluation uses consecutive windows from the
-start of the eval part, the same ones every time. Sample arrays: a seeded
+start of the eval part, the same ones every time. Every training microbatch
+also carries its random key (``#dropout-key``, a hash of the seed and ``g``:
+`sexpgpu.ir.counter_rng`), so dropout's masks follow the same rule. Sample arrays: a seeded
 permutation splits the samples; training walks a fresh permutation of the
 training samples each epoch; evaluation walks the eval samples in order,
 wrapping around to fill the last batch.
@@ -39,6 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.ir.counter_rng import KEY_FIELD, microbatch_key
 from sexpgpu.ir.trace_data import NpyMember, npz_members, read_npy_header
 from sexpgpu.lang.paths import file_problem
 from sexpgpu.runtime.units import format_bytes
@@ -339,8 +342,15 @@ class _Base:
         return range(first, first + self.share)
 
     def next_step(self) -> list[dict[str, np.ndarray]]:
-        """This rank's microbatches of the next optimizer step."""
-        out = [self._train(g) for g in self._global_indices()]
+        """This rank's microbatches of the next optimizer step, each with its random key.
+
+        The key (`KEY_FIELD`, from the seed and the global index) is what dropout's
+        masks are drawn from; a graph without random ops never reads it.
+        """
+        out = [
+            self._train(g) | {KEY_FIELD: microbatch_key(self.seed, g)}
+            for g in self._global_indices()
+        ]
         self.position += 1
         return out
 

@@ -55,6 +55,19 @@ def _gelu_grad(x, g):
     return x.grad
 
 
+def _mix(x):
+    # docs/ir.md's 32-bit mix, written out again on int64 words (the spec, not the lowering)
+    x = (x ^ (x >> 16)) * 0x7FEB352D % 2**32
+    x = (x ^ (x >> 15)) * 0x846CA68B % 2**32
+    return x ^ (x >> 16)
+
+
+def _uniform(key, counter, salt=77):
+    k = _mix(key % 2**32 ^ _mix(torch.tensor(salt)))
+    h = _mix(_mix((counter % 2**32 + k) % 2**32) ^ _mix((k + 0x9E3779B9) % 2**32))
+    return (h >> 8).to(torch.float32) / 2**24
+
+
 def _case(name: str, build, torch_fn, *args: Arg, grad: bool = True):
     """One op check: `build` against `torch_fn` on `args`, and their gradients if `grad`."""
     return pytest.param(build, torch_fn, list(args), grad, id=name)
@@ -70,6 +83,16 @@ CASES = [
     _case("sigmoid", b.sigmoid, torch.sigmoid, A((4, 3))),
     _case("abs", b.abs, torch.abs, A((4, 3))),
     _case("sign", b.sign, torch.sign, A((4, 3)), grad=False),
+    _case("sin", b.sin, torch.sin, A((3, 4))),
+    _case("cos", b.cos, torch.cos, A((2, 5))),
+    _case(
+        "uniform",
+        lambda k, c: b.uniform(k, c, salt=77),
+        _uniform,
+        A((3, 1), "int1000"),
+        A((40,), "int100000"),
+        grad=False,
+    ),
     _case(
         "cast",
         lambda x: b.cast(b.cast(x, "f64"), x.dtype),

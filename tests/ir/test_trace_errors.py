@@ -62,9 +62,10 @@ def test_matmul_mismatch_without_a_transpose_that_fits() -> None:
 def test_unknown_function_suggests_the_nearest_and_lists_the_vocabulary() -> None:
     rendered = traced_error("(lienar x 10)", head="(defn block (x) x)")
     vocabulary = (
-        "* + - -> / abs amax attention cast concat cross-entropy embed exp gelu layernorm let "
-        "linear log log-softmax matmul max mean min mse neg param positions pow relu repeat "
-        "reshape rmsnorm rsqrt sigmoid silu slice softmax sqrt sum take tanh transpose"
+        "* + - -> / < <= = > >= abs amax attention cast concat cos cross-entropy dropout embed "
+        "exp gelu layernorm let linear log log-softmax matmul max mean min mse neg param "
+        "positions pow relu repeat reshape rmsnorm rope rsqrt sdpa sigmoid silu sin slice "
+        "softmax sqrt sum take tanh transpose where"
     )
     assert rendered == "\n".join(
         [

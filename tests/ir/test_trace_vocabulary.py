@@ -47,22 +47,51 @@ def _norm(x: np.ndarray, centered: bool) -> np.ndarray:
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5)
 
 
-def _attention(d: dict, q: dict, heads: int, causal: bool) -> np.ndarray:
+def _rope(x: torch.Tensor, base: float) -> torch.Tensor:
+    """Half-split rotary embeddings on [.. seq heads d] (Llama's rotate_half)."""
+    s, d = x.shape[-3], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    theta = torch.arange(s, dtype=torch.float64)[:, None] * inv  # (S d/2)
+    cos, sin = (torch.cat([f(theta)] * 2, -1)[:, None, :] for f in (torch.cos, torch.sin))
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def _attention(
+    d: dict, q: dict, heads: int, causal: bool, kv: int | None = None, bias=True, rope=None
+) -> np.ndarray:
     x = torch.from_numpy(d["a"]).double()
     b, s, w = x.shape
+    kv = kv or heads
 
-    def proj(name: str) -> torch.Tensor:
-        weight = torch.from_numpy(q[f"m/attention/w{name}"]).double()
-        return x @ weight + torch.from_numpy(q[f"m/attention/b{name}"]).double()
+    def proj(name: str, count: int) -> torch.Tensor:  # (B S count D)
+        y = x @ torch.from_numpy(q[f"m/attention/w{name}"]).double()
+        if bias:
+            y = y + torch.from_numpy(q[f"m/attention/b{name}"]).double()
+        y = y.view(b, s, count, w // heads)
+        return _rope(y, rope) if rope is not None and name in "qk" else y
 
-    def split(t: torch.Tensor) -> torch.Tensor:
-        return t.view(b, s, heads, w // heads).transpose(1, 2)
+    qs, ks, vs = proj("q", heads), proj("k", kv), proj("v", kv)
+    ks, vs = (t.repeat_interleave(heads // kv, dim=2) for t in (ks, vs))
+    y = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (qs, ks, vs)), is_causal=causal)
+    y = y.transpose(1, 2).reshape(b, s, w) @ torch.from_numpy(q["m/attention/wo"]).double()
+    return (y + torch.from_numpy(q["m/attention/bo"]) if bias else y).numpy()
 
-    y = F.scaled_dot_product_attention(
-        split(proj("q")), split(proj("k")), split(proj("v")), is_causal=causal
-    )
-    y = y.transpose(1, 2).reshape(b, s, w)
-    return (y @ torch.from_numpy(q["m/attention/wo"]).double()).numpy() + q["m/attention/bo"]
+
+def _sdpa(d: dict, causal: bool) -> np.ndarray:
+    x = torch.from_numpy(d["a"]).double()  # (B 3 4)
+    qh = x.reshape(BATCH, 2, 3, 2)  # (B H=2 S=3 D=2)
+    kh = x[..., :2].reshape(BATCH, 1, 3, 2).expand(BATCH, 2, 3, 2)  # one key/value head
+    return F.scaled_dot_product_attention(qh, kh, kh, is_causal=causal, scale=0.5).numpy()
+
+
+def _within(w: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    assert w.min() >= lo and w.max() < hi, (w.min(), w.max())  # drawn from :init
+    return w
+
+
+def _rope_of(d: dict, base: float) -> np.ndarray:
+    return _rope(torch.from_numpy(d["a"]).double().reshape(2, 3, 1, 4), base).numpy()
 
 
 def _cross_entropy(d: dict) -> float:
@@ -85,6 +114,13 @@ CASES: list[tuple[tuple[str, ...], str, Ref]] = [
     (("rsqrt",), "(rsqrt p)", lambda d, q: 1 / np.sqrt(d["p"])),
     (("pow",), "(pow p 1.5)", lambda d, q: d["p"] ** 1.5),
     (("abs",), "(abs a)", lambda d, q: np.abs(d["a"])),
+    (("sin",), "(sin a)", lambda d, q: np.sin(d["a"])),
+    (("cos",), "(cos a)", lambda d, q: np.cos(d["a"])),
+    (("<", "where"), "(where (< a r) a r)", lambda d, q: np.where(d["a"] < d["r"], d["a"], d["r"])),
+    (("<=",), "(cast (<= a 0) :dtype f32)", lambda d, q: (d["a"] <= 0).astype(np.float32)),
+    ((">",), "(cast (> a r) :dtype f32)", lambda d, q: (d["a"] > d["r"]).astype(np.float32)),
+    ((">=",), "(cast (>= p 1) :dtype f32)", lambda d, q: (d["p"] >= 1).astype(np.float32)),
+    (("=",), "(where (= t 2) 1.0 0.0)", lambda d, q: (d["t"] == 2).astype(np.float32)),
     (("max",), "(max a r)", lambda d, q: np.maximum(d["a"], d["r"])),
     (("min",), "(min a 0.25)", lambda d, q: np.minimum(d["a"], 0.25)),
     (("relu",), "(relu a)", lambda d, q: np.maximum(d["a"], 0)),
@@ -126,10 +162,34 @@ CASES: list[tuple[tuple[str, ...], str, Ref]] = [
         lambda d, q: d["a"] @ q["m/linear/weight"] + q["m/linear/bias"],
     ),
     (("linear",), "(linear a 2 :bias false)", lambda d, q: d["a"] @ q["m/linear/weight"]),
+    (
+        ("linear",),
+        "(linear a 3 :bias false :init (uniform 2 3))",
+        lambda d, q: d["a"] @ _within(q["m/linear/weight"], 2, 3),
+    ),
     (("embed",), "(embed t 4 6)", lambda d, q: q["m/embed/weight"][d["t"]]),
+    (("embed",), "(embed t 4 6 :init ones)", lambda d, q: np.ones((BATCH, 3, 6))),
+    (
+        ("layernorm",),
+        "(layernorm a :bias false)",
+        lambda d, q: _norm(d["a"], True) * q["m/layernorm/weight"],
+    ),
+    (("rope",), "(rope (reshape a [2 3 1 4]) :base 50.0)", lambda d, q: _rope_of(d, 50.0)),
+    (
+        ("sdpa",),
+        "(sdpa (reshape a [2 2 3 2]) (reshape (slice a :to 2) [2 1 3 2]) "
+        "(reshape (slice a :to 2) [2 1 3 2]) :causal true :scale 0.5)",
+        lambda d, q: _sdpa(d, True),
+    ),
+    (("dropout",), "(dropout a :p 0.5)", lambda d, q: d["a"]),  # evaluation: the identity
     (("layernorm",), "(layernorm (* 3 a))", lambda d, q: _norm(3 * d["a"], True)),
     (("rmsnorm",), "(rmsnorm a :eps 1e-5)", lambda d, q: _norm(d["a"], False)),
     (("attention",), "(attention a :heads 2)", lambda d, q: _attention(d, q, 2, False)),
+    (
+        ("attention",),
+        "(attention a :heads 2 :kv-heads 1 :bias false :rope 100.0 :causal true)",
+        lambda d, q: _attention(d, q, 2, True, kv=1, bias=False, rope=100.0),
+    ),
     (
         ("attention",),
         "(attention a :heads 4 :causal true)",

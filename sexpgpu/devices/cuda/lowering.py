@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from sexpgpu.devices.cuda import xent  # noqa: F401  (registers torch.ops.sexpgpu.xent_with_grad)
 from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
+from sexpgpu.ir.counter_rng import GOLDEN, MIX_MULTIPLIERS, mix32
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import ConstArray, Node
 from sexpgpu.ir.numpy_fused import check_ids
@@ -176,6 +177,8 @@ for _op, _fn, _name in [
     (Op.RSQRT, torch.rsqrt, "torch.rsqrt"),
     (Op.TANH, torch.tanh, "torch.tanh"),
     (Op.SIGMOID, torch.sigmoid, "torch.sigmoid"),
+    (Op.SIN, torch.sin, "torch.sin"),
+    (Op.COS, torch.cos, "torch.cos"),
     (Op.ABS, torch.abs, "torch.abs"),
     (Op.SIGN, torch.sign, "torch.sign"),
     (Op.ADD, torch.add, "torch.add"),
@@ -191,6 +194,27 @@ for _op, _fn, _name in [
     (Op.WHERE, torch.where, "torch.where"),
 ]:
     lowering(_op, kernel=_name)(_plain(_fn, _name))
+
+
+_WORD = 0xFFFFFFFF
+
+
+def _mix32(x: T) -> T:
+    """`sexpgpu.ir.counter_rng.mix32` on 32-bit words held in int64 (torch lacks uint32 math)."""
+    first, second = MIX_MULTIPLIERS
+    x = x ^ (x >> 16)
+    x = (x * first) & _WORD
+    x = x ^ (x >> 15)
+    x = (x * second) & _WORD
+    return x ^ (x >> 16)
+
+
+@lowering(Op.UNIFORM, kernel="counter-based hash (int64 words)")
+def _uniform(node: Node, key: T, counter: T) -> T:
+    salt = int(mix32(np.uint32(node.attrs["salt"])))  # a number of the node: mixed here
+    k = _mix32((key.long() & _WORD) ^ salt)
+    h = _mix32(_mix32(((counter.long() & _WORD) + k) & _WORD) ^ _mix32((k + GOLDEN) & _WORD))
+    return (h >> 8).to(torch.float32) * 2.0**-24
 
 
 @lowering(Op.CAST, kernel="Tensor.to")

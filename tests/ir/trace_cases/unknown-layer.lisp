@@ -4,7 +4,7 @@
 ;;    |
 ;; 10 |   (-> x layer-norm (linear 10)))
 ;;    |         ^
-;;    = hint: did you mean `layernorm`? defined: m; vocabulary: * + - -> / abs amax attention cast concat cross-entropy embed exp gelu layernorm let linear log log-softmax matmul max mean min mse neg param positions pow relu repeat reshape rmsnorm rsqrt sigmoid silu slice softmax sqrt sum take tanh transpose
+;;    = hint: did you mean `layernorm`? defined: m; vocabulary: * + - -> / < <= = > >= abs amax attention cast concat cos cross-entropy dropout embed exp gelu layernorm let linear log log-softmax matmul max mean min mse neg param positions pow relu repeat reshape rmsnorm rope rsqrt sdpa sigmoid silu sin slice softmax sqrt sum take tanh transpose where
 (defdata d (digits))
 (defmodel m (x)
   (-> x layer-norm (linear 10)))

@@ -66,10 +66,29 @@ def model_section(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
         program = compile_run(experiment, run)
         lines.append(f"  {run.name} (model {run.model}, dtype {run.dtype})")
         lines += [f"    {line}" for line in summary_lines(program, run)]
+        lines += [f"    {line}" for line in _recompute_lines(program, run, os.environ)]
         width = max(len(name) for name in program.params) if program.params else 0
         for name, info in program.params.items():
             shape = format_shape(info.shape)
             lines.append(f"    {name.ljust(width)}  {shape:<14} {info.init}".rstrip())
+    return lines
+
+
+def _recompute_lines(compiled: CompiledRun, run: RunDef, environ: Mapping[str, str]) -> list[str]:
+    """What the cpu device recomputes to fit the host (or ``SEXPGPU_MEMORY``); [] if nothing."""
+    from sexpgpu.runtime.config import RuntimeConfig
+
+    config = RuntimeConfig.from_env(environ, device="cpu")
+    fitted = plan_run(
+        get_device("cpu"),
+        compiled,
+        moments=moment_count(run.optimizer),
+        ranks=1,
+        memory=config.memory,
+    )
+    lines = [f"{line} (cpu)" for line in fitted.lines()]
+    if not fitted.plan.fits:
+        lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines
 
 

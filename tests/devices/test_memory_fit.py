@@ -1,6 +1,7 @@
 """The memory plan with recomputation (`sexpgpu.devices.memory_fit`), on the cpu device."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,65 @@ def test_nothing_fits_even_recomputing(tmp_path):
         _run(tmp_path, "none", "6MiB")
     assert error.value.code == "E-MEM-001"
     assert "even recomputing" in str(error.value.hint)
+
+
+def test_check_says_what_the_cpu_recomputes(capsys, monkeypatch):
+    from sexpgpu.cli import main
+
+    monkeypatch.setenv("SEXPGPU_MEMORY", TIGHT)
+    assert main(["check", str(GPT), "--variant", "smoke"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        r"recompute: \d+ values, \+\d+% FLOPs, plan [\d.]+ MiB of 15\.0 MiB \(cpu\)", out
+    )
+
+
+def test_explain_plans_the_cuda_device_that_fits_a_smaller_card(capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("plans the card named by SEXPGPU_MEMORY where no GPU is visible")
+    from sexpgpu.cli import main
+
+    # The cuda plan of the smoke GPT on PyTorch's CPU is 118.9 MiB, nearly all workspaces.
+    monkeypatch.setenv("SEXPGPU_MEMORY", "115MiB")
+    assert main(["explain", str(GPT), "--variant", "smoke", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"; recompute: \d+ values, \+\d+% FLOPs, plan [\d.]+ MiB of 115\.0 MiB", out)
+    assert "E-MEM-001" not in out
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_that_recomputes_trains_within_bf16_tolerance(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    experiment = tmp_path / "gpt.lisp"
+    variant = "(defvariant bf16 (layers 2) (width 128) (heads 4) (seq 64) (microbatches 1))"
+    experiment.write_text(GPT.read_text() + variant)
+    args = [str(experiment), "--variant", "bf16", "--steps", "5"]
+    plain = _cli_run(tmp_path / "plain", args, {})
+    plan = re.search(r"memory: plan ([\d.]+) MiB of .*activations ([\d.]+) MiB", plain)
+    assert plan is not None, plain[-2000:]
+    # Half the live set less than the plan: only recomputation fits it.
+    budget = float(plan.group(1)) - 0.5 * float(plan.group(2))
+    tight = _cli_run(tmp_path / "tight", args, {"SEXPGPU_MEMORY": f"{budget:.1f}MiB"})
+    assert "recompute:" in tight and "recompute:" not in plain
+    a = read_series(tmp_path / "plain", "train/loss")
+    b = read_series(tmp_path / "tight", "train/loss")
+    assert a.keys() == b.keys()
+    for step in a:
+        assert abs(a[step] - b[step]) <= 2e-2 * abs(a[step]), (step, a[step], b[step])
+
+
+def _cli_run(out, args, env):
+    import os
+    import subprocess
+    import sys
+
+    root = GPT.parents[1]
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    environ = {**os.environ, "SEXPGPU_DEVICE": "cuda", "PYTHONPATH": path, **env}
+    cmd = [sys.executable, "-m", "sexpgpu", "run", *args, "--out", str(out)]
+    done = subprocess.run(cmd, cwd=root, env=environ, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout + done.stderr

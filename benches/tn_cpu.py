@@ -13,7 +13,7 @@ quimb's fastest exact method, ``dm`` (faster than ``direct`` here).
 
 Run from the repository root::
 
-    python benches/tn_cpu.py [--reps 3] [--threads 1] [--only NAME]
+    python benches/tn_cpu.py [--reps 5] [--threads 1] [--only NAME] [--smoke]
 """
 
 from __future__ import annotations
@@ -109,6 +109,19 @@ def perturbed_identity(n: int, seed: int) -> qtn.MatrixProductOperator:
     return eye + 1e-8 * qtn.MPO_rand(n, 3, phys_dim=2, dtype=DTYPE, seed=seed)
 
 
+def smoke_cases() -> list[tuple[str, list, int]]:
+    """One tiny case of each kind, for CI."""
+    return [
+        ("MPO.MPS random n=6 chi=4", [random_mpo(6, 2, 1), random_mps(6, 4, 2)], 4),
+        ("MPO.MPO rand x (1+eps) n=6 chi=4", [random_mpo(6, 4, 5), perturbed_identity(6, 6)], 4),
+        (
+            "U.U.MPS Trotter n=6 chi=4",
+            [trotter_mpo(6, seed=7), trotter_mpo(6, seed=8), random_mps(6, 4, 9)],
+            4,
+        ),
+    ]
+
+
 def make_cases() -> list[tuple[str, list, int]]:
     """(name, quimb trains in mathematical order, chi_out)."""
     cases = []
@@ -196,11 +209,14 @@ def rel_error(ref: qtn.TensorNetwork, ref_norm2: float, out: qtn.TensorNetwork) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=str, default=None, help="BLAS threads for every peer")
     parser.add_argument("--only", type=str, default=None, help="run cases whose name holds this")
     parser.add_argument("--skip", type=str, default="", help="comma-separated peers to skip")
+    parser.add_argument("--smoke", action="store_true", help="tiny cases, one rep (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.reps = 1
     skip = {s for s in args.skip.split(",") if s}
 
     # Warm every peer once (imports, path caches) on a small case.
@@ -212,7 +228,7 @@ def main() -> int:
     header = "| case | peer | median s | rel. error | time vs sexpgpu.tn |"
     print(header)
     print("|---|---|---|---|---|")
-    for name, trains, chi in make_cases():
+    for name, trains, chi in smoke_cases() if args.smoke else make_cases():
         if args.only and args.only not in name:
             continue
         is_mps = isinstance(trains[-1], qtn.MatrixProductState)

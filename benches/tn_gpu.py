@@ -15,8 +15,10 @@ product under a device budget smaller than its environments.
 
 Run from the repository root on a machine with a GPU, CuPy and src-method::
 
-    python benches/tn_gpu.py [--sites 25 50] [--chi 1000] [--reps 3]
+    python benches/tn_gpu.py [--sites 25 50] [--chi 1000] [--reps 5]
                              [--dtypes complex128 complex64] [--gpu-memory 2GiB]
+
+``--smoke`` runs a tiny case of every path on the CPU (CI).
 """
 
 from __future__ import annotations
@@ -83,10 +85,10 @@ def perturbed_identity(n: int, rng: np.random.Generator, dtype: str, eps: float 
     return sites
 
 
-def _pad(train: list[np.ndarray]) -> list[torch.Tensor]:
+def _pad(train: list[np.ndarray], device: str) -> list[torch.Tensor]:
     out = []
     for j, t in enumerate(train):
-        t = torch.from_numpy(np.ascontiguousarray(t)).cuda().to(torch.complex128)
+        t = torch.from_numpy(np.ascontiguousarray(t)).to(device, torch.complex128)
         if j == 0:
             t = t[None]
         if j == len(train) - 1:
@@ -95,11 +97,11 @@ def _pad(train: list[np.ndarray]) -> list[torch.Tensor]:
     return out
 
 
-def inner(bra: list[list[np.ndarray]], ket: list[list[np.ndarray]]) -> complex:
+def inner(bra: list[list[np.ndarray]], ket: list[list[np.ndarray]], device: str) -> complex:
     """``<bra|ket>`` of two MPO products (each one or two layers), by transfer matrices."""
-    b = [_pad(t) for t in bra]
-    k = [_pad(t) for t in ket]
-    env = torch.ones([1] * (len(b) + len(k)), dtype=torch.complex128, device="cuda")
+    b = [_pad(t, device) for t in bra]
+    k = [_pad(t, device) for t in ket]
+    env = torch.ones([1] * (len(b) + len(k)), dtype=torch.complex128, device=device)
     for j in range(len(b[0])):
         env = _transfer(env, [t[j] for t in b], [t[j] for t in k])
     return complex(env.reshape(-1)[0].item())
@@ -121,47 +123,53 @@ def _transfer(env, bra, ket):
     return torch.einsum(spec, *ops)
 
 
-def rel_diff(x, y, xx: float | None = None) -> float:
+def rel_diff(x, y, device: str, xx: float | None = None) -> float:
     """``|x - y| / |x|`` from inner products (``xx``: ``<x|x>``, when already known)."""
-    xx = inner(x, x).real if xx is None else xx
-    yy, xy = inner(y, y).real, inner(x, y).real
+    xx = inner(x, x, device).real if xx is None else xx
+    yy, xy = inner(y, y, device).real, inner(x, y, device).real
     return float(np.sqrt(max(xx + yy - 2 * xy, 0.0) / xx)) if xx > 0 else float("nan")
 
 
-def timed(fn, reps: int) -> tuple[float, object]:
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, reps: int, device: str) -> tuple[float, object]:
     times, out = [], None
     for _ in range(reps):
-        torch.cuda.synchronize()
+        _sync(device)
         start = time.perf_counter()
         out = fn()
-        torch.cuda.synchronize()
+        _sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times), out
 
 
-def run_case(n, chi, dtype, reps, exact, resources, log):
+def run_case(n, chi, dtype, reps, exact, resources, log, device):
     import src_method
 
+    where = "gpu" if device == "cuda" else "cpu"
     rng = np.random.default_rng(0)
     a, b = random_mpo(n, chi, rng, dtype), perturbed_identity(n, rng, dtype)
     # Scale A to norm 1, spread over the sites: a random MPO's norm falls like
     # chi^(-n/2), past the range of complex64 and of one site's entries.
-    per_site = inner([a], [a]).real ** (-0.5 / n)
+    per_site = inner([a], [a], device).real ** (-0.5 / n)
     a = [(site * per_site).astype(dtype) for site in a]
 
     def ours():
-        return tn.apply(a, b, chi, seed=1, device="gpu", resources=resources)
+        return tn.apply(a, b, chi, seed=1, device=where, resources=resources)
 
     def theirs():
-        return src_method.apply(a, b, chi, seed=1, device="gpu")
+        return src_method.apply(a, b, chi, seed=1, device=where)
 
     ours(), theirs()  # warm-up
     ours_times, theirs_times = [], []
     for _ in range(reps):
         log.clear()
-        t, x = timed(ours, 1)
+        t, x = timed(ours, 1, device)
         ours_times.append(t)
-        t, y = timed(theirs, 1)
+        t, y = timed(theirs, 1, device)
         theirs_times.append(t)
     t_ours, t_theirs = statistics.median(ours_times), statistics.median(theirs_times)
     y = [np.asarray(c) for c in y]
@@ -170,12 +178,12 @@ def run_case(n, chi, dtype, reps, exact, resources, log):
         "sexpgpu.tn s": t_ours,
         "src-method s": t_theirs,
         "ratio": t_theirs / t_ours,
-        "error between": rel_diff([x], [y]),
+        "error between": rel_diff([x], [y], device),
     }
     if exact:
-        norm = inner([a, b], [a, b]).real  # the exact product's, once for both
-        row["error sexpgpu.tn"] = rel_diff([a, b], [x], norm)
-        row["error src-method"] = rel_diff([a, b], [y], norm)
+        norm = inner([a, b], [a, b], device).real  # the exact product's, once for both
+        row["error sexpgpu.tn"] = rel_diff([a, b], [x], device, norm)
+        row["error src-method"] = rel_diff([a, b], [y], device, norm)
     row["QR fallbacks"] = log.fallbacks
     row["log"] = list(log.lines)
     return row
@@ -185,22 +193,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, nargs="+", default=[25, 50])
     parser.add_argument("--chi", type=int, default=1000)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dtypes", nargs="+", default=["complex128", "complex64"])
     parser.add_argument("--exact", action="store_true", help="errors against the exact A B")
     parser.add_argument("--gpu-memory", default="2GiB", help="budget of the out-of-core case")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny run on the CPU (both peers), for CI"
+    )
     args = parser.parse_args()
+    device = "cuda"
+    if args.smoke:  # every path of the script, in seconds, without a GPU
+        args.sites, args.chi, args.reps, args.exact, args.gpu_memory = [6], 8, 1, True, ""
+        device = "cpu"
     log = PlanLog()
     logger = logging.getLogger("sexpgpu.tn")
     logger.setLevel(logging.DEBUG)
     logger.addHandler(log)
-    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (smoke)"
+    print(f"# {name}, torch {torch.__version__}")
     cases = [(n, dtype, None) for n in args.sites for dtype in args.dtypes]
     if args.gpu_memory:
         cases.append((max(args.sites), "complex128", tn.Resources(gpu_memory=args.gpu_memory)))
     for n, dtype, budget in cases:  # each row as soon as it is measured
         try:
-            row = run_case(n, args.chi, dtype, args.reps, args.exact and not budget, budget, log)
+            exact = args.exact and not budget
+            row = run_case(n, args.chi, dtype, args.reps, exact, budget, log, device)
         except MemoryError as err:  # a budget below the working set is refused
             print(f"MPO.MPO n={n} chi={args.chi} {dtype} under {budget}: {err}", flush=True)
             continue

@@ -108,6 +108,7 @@ class _Boundary:
                         self._need(x)
         self.recomputed: set[int] = set()
         self.kept = {r for r in self.by_root if self.nodes[r].op not in LEAF}
+        self._cache: dict[int, tuple[list[Move], set[int]]] = {}  # kept buffer -> its moves
         # When the backward first reads each buffer, and when a recomputed value first
         # reads it (schedule positions). A value made again for a reader well before
         # its own first read (the residual stream, each layer's input rebuilt from the
@@ -174,21 +175,28 @@ class _Boundary:
 
     def candidates(self) -> list[Move]:
         """Per kept buffer: recompute it from what is kept, or back to kept values."""
+        for r in self.kept - self._cache.keys():
+            self._cache[r] = self._moves_of(r)
+        return [m for r in sorted(self.kept, key=self.position.get) for m in self._cache[r][0]]
+
+    def _moves_of(self, r: int) -> tuple[list[Move], set[int]]:
+        """The moves of kept buffer `r`, and the buffers they looked at (when to look again)."""
+        touched = {r}
+        if self.copy_read.get(r, _NEVER) + self.slack < self.direct.get(r, _NEVER) < _NEVER:
+            return [], touched
         found = []
-        for r in self.kept:
-            if self.copy_read.get(r, _NEVER) + self.slack < self.direct.get(r, _NEVER) < _NEVER:
-                continue
-            root = self.nodes[r]
-            _, new_kept, added = self._closure(root, set(), pull=False)
-            freed = _bytes(root) - sum(_bytes(self.nodes[k]) for k in new_kept)
-            if freed > 0:
-                found.append(Move((root,), freed, added))
-            if new_kept:
-                extra: set[int] = set()
-                _, _, added = self._closure(root, extra, pull=True)
-                roots = (root, *(self.nodes[e] for e in sorted(extra)))
-                found.append(Move(roots, _bytes(root), added))
-        return found
+        root = self.nodes[r]
+        _, new_kept, added = self._closure(root, set(), False, touched)
+        freed = _bytes(root) - sum(_bytes(self.nodes[k]) for k in new_kept)
+        if freed > 0:
+            found.append(Move((root,), freed, added))
+        if new_kept:
+            extra: set[int] = set()
+            _, _, added = self._closure(root, extra, True, touched)
+            touched |= extra
+            roots = (root, *(self.nodes[e] for e in sorted(extra, key=self.position.get)))
+            found.append(Move(roots, _bytes(root), added))
+        return found, touched
 
     def apply(self, move: Move) -> None:
         """Take `move`: its buffers are recomputed, what they read is needed."""
@@ -203,6 +211,10 @@ class _Boundary:
             self._need(node)
         self.recomputed |= chosen
         self.kept = (self.kept - chosen) | new_kept
+        # Moves that looked at a buffer whose state changed are found again.
+        changed = chosen | new_kept | reads | {id(_root(n)) for n in new_needed}
+        for k in [k for k, (_, touched) in self._cache.items() if touched & changed]:
+            del self._cache[k]
 
 
 def moves(graph: Graph, loss: str = "loss") -> list[Move]:

@@ -17,9 +17,9 @@ GPT = ROOT / "examples" / "gpt.lisp"
 LONG = '(defvariant long (layers 2) (width 128) (heads 4) (seq 256) (microbatches 1) (dtype "f32"))'
 
 
-def _train_graph(variant="smoke", text=None):
+def _train_graph(variant="smoke", text=None, path=GPT):
     if text is None:
-        experiment = load_experiment(GPT, variant=variant)
+        experiment = load_experiment(path, variant=variant)
     else:
         experiment = load_experiment_text(text, str(GPT), variant=variant, base_dir=GPT.parent)
     return compile_run(experiment, experiment.run(None))
@@ -81,8 +81,9 @@ def test_cheap_values_are_recomputed_before_products():
     assert all(m.work <= walk[first_product].work for m in walk[:first_product])
 
 
-def test_the_rewritten_graph_computes_the_same_bits():
-    graph = _train_graph().train_graph
+@pytest.mark.parametrize("example", ["gpt", "llama"])
+def test_the_rewritten_graph_computes_the_same_bits(example):
+    graph = _train_graph(path=ROOT / "examples" / f"{example}.lisp").train_graph
     roots = [r for m in moves(graph) for r in m.roots]
     rewritten = recompute_graph(graph, roots)
     assert len(rewritten.nodes()) > len(graph.nodes())

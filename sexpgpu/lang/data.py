@@ -119,7 +119,7 @@ _register(DataSource("digits", "(digits)", fields=("x", "y")))
 _register(DataSource("python-stdlib", "(python-stdlib)", stream=True, fields=STREAM_FIELDS))
 
 
-@special_form("defdata", 1, "(defdata NAME SOURCE :seq S :split F)")
+@special_form("defdata", 1, "(defdata NAME SOURCE :seq S :split F :eval SOURCE)")
 def _defdata(form: ListNode, builder: Builder) -> None:
     name = form_name(form, "data set", "(defdata NAME SOURCE :key value...)")
     where = f"data `{name.name}`"
@@ -131,7 +131,7 @@ def _defdata(form: ListNode, builder: Builder) -> None:
             hint=f"sources: {', '.join(s.usage for s in SOURCES.values())}",
         )
     source, path, options = _source(form.items[2], builder, where)
-    args = keyword_args(form.items[3:], ("seq", "split"), where)
+    args = keyword_args(form.items[3:], ("seq", "split", "eval"), where)
     env = builder.params
     if source.stream and "seq" not in args:
         raise SexpgpuError(
@@ -150,16 +150,45 @@ def _defdata(form: ListNode, builder: Builder) -> None:
         )
     if source.stream:
         options["seq"] = integer(args["seq"][1], env, f"`:seq` of {where}", minimum=1)
-    split = DEFAULT_SPLIT
+    split = 1.0 if "eval" in args else DEFAULT_SPLIT  # a separate eval source: train on all
+    if "split" in args and "eval" in args:
+        raise SexpgpuError(
+            "E-FORM-003",
+            f"{where} gives both `:split` and `:eval`: the eval source replaces the split",
+            args["split"][0].span,
+            hint="remove :split to train on all of the source and evaluate on :eval",
+        )
     if "split" in args:
         what = f"`:split` of {where}"
         split = number(args["split"][1], env, what, low=0.0, high=1.0, open_low=True)
     options["split"] = split
     if source.fields is not None:
         options["fields"] = source.fields
+    evaluation = None
+    if "eval" in args:
+        evaluation = _eval_source(args["eval"][1], source, options, builder, name.name)
     builder.data[builder.claim(name, "data set")] = DataDef(
-        name.name, source.name, path, MappingProxyType(options), form.span
+        name.name, source.name, path, MappingProxyType(options), form.span, evaluation
     )
+
+
+def _eval_source(
+    node: Node, train: DataSource, options: dict[str, Any], builder: Builder, name: str
+) -> DataDef:
+    """The data set of ``:eval SOURCE``: a source of the same fields, read whole."""
+    where = f"`:eval` of data `{name}`"
+    source, path, own = _source(node, builder, where)
+    own.update({k: options[k] for k in ("seq", "fields") if k in options})
+    own["split"] = 0.0  # all of it evaluates
+    fields = source.fields if source.fields is not None else own.get("fields")
+    if source.stream != train.stream or fields != options.get("fields"):
+        raise SexpgpuError(
+            "E-FORM-005",
+            f"{where} is ({source.name} ...), which gives other fields than ({train.name} ...)",
+            node.span,
+            hint=f"evaluate on a source of the same fields, e.g. :eval {train.usage}",
+        )
+    return DataDef(f"{name}:eval", source.name, path, MappingProxyType(own), node.span)
 
 
 def _source(node: Node, builder: Builder, where: str) -> tuple[DataSource, Path | None, dict]:

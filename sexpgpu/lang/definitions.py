@@ -49,6 +49,9 @@ class DataDef:
         field names each microbatch yields), ``split`` (float, the share kept
         for training), ``seq`` (int, stream sources), ``dtype`` ("u16" or
         "u32", tokens).
+    eval
+        The separate evaluation source of ``:eval``, with the same fields
+        (and ``:seq``), or None: the run then evaluates on the split's rest.
     """
 
     name: str
@@ -56,6 +59,7 @@ class DataDef:
     path: Path | None
     options: Mapping[str, Any]
     span: Span | None = None
+    eval: DataDef | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:

@@ -373,12 +373,14 @@ def _defrun(form: ListNode, builder: Builder) -> None:
         else:
             values[key] = spec.default
     _check_inputs(values["model"], values["data"], args["model"][1], builder)
-    if values["eval"] is not None and builder.data[values["data"]].options["split"] >= 1.0:
+    data = builder.data[values["data"]]
+    if values["eval"] is not None and data.eval is None and data.options["split"] >= 1.0:
         raise SexpgpuError(
             "E-FORM-005",
             f"{where} evaluates, but data `{values['data']}` keeps nothing for evaluation",
             args["eval"][1].span,
-            hint="give the data a :split below 1 (e.g. :split 0.9), or drop :eval",
+            hint="give the data a :split below 1 (e.g. :split 0.9) or an :eval source, "
+            "or drop :eval",
         )
     builder.runs[builder.claim(name, "run")] = RunDef(name=name.name, span=form.span, **values)
 

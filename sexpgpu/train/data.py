@@ -72,6 +72,7 @@ class TokenStream:
     seq: int
     split: float
     where: str
+    layout: str = ""  # how the file was read, e.g. "llm.c token file, version 1, u16"
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,63 @@ def _bytes(data: Any) -> TokenStream:
 
 @source("tokens")
 def _tokens(data: Any) -> TokenStream:
+    path = _existing_file(data)
+    header = _llmc_header(data, path)
+    if header is not None:
+        return header
     name = data.options["dtype"]
-    return _token_file(data, _existing_file(data), TOKEN_DTYPES[name], name)
+    return _token_file(data, path, TOKEN_DTYPES[name], name)
+
+
+# llm.c's token files: 256 little-endian int32 (magic, version, token count, zeros),
+# then the tokens; version 1 holds u16 ids (GPT-2), version 2 u32 ids (Llama 3).
+LLMC_MAGIC = 20240520
+LLMC_HEADER_BYTES = 256 * 4
+LLMC_VERSIONS = {1: "u16", 2: "u32"}
+
+
+def _llmc_header(data: Any, path: Path) -> TokenStream | None:
+    """The tokens of an llm.c token file, or None when `path` has no llm.c header."""
+    if path.stat().st_size < LLMC_HEADER_BYTES:
+        return None
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(LLMC_HEADER_BYTES), dtype="<i4")
+    if int(header[0]) != LLMC_MAGIC:
+        return None
+    version, count = int(header[1]), int(header[2])
+    if count == 0 and version in LLMC_VERSIONS:
+        raise SexpgpuError(
+            "E-DATA-002",
+            f"data set `{data.name}`: {path} is an llm.c token file of no tokens",
+            str(path),
+            hint="point `defdata` at a file with tokens in it",
+        )
+    if version not in LLMC_VERSIONS:
+        raise SexpgpuError(
+            "E-DATA-003",
+            f"data set `{data.name}`: {path} is an llm.c token file of version {version}, "
+            f"which sexpgpu does not read",
+            str(path),
+            hint="versions 1 (u16 ids) and 2 (u32 ids) are read",
+        )
+    name = LLMC_VERSIONS[version]
+    dtype = TOKEN_DTYPES[name]
+    size = path.stat().st_size
+    if count < 0 or size != LLMC_HEADER_BYTES + count * dtype.itemsize:
+        raise SexpgpuError(
+            "E-DATA-003",
+            f"data set `{data.name}`: {path}'s llm.c header says {count} {name} tokens, "
+            f"but the file holds {size - LLMC_HEADER_BYTES} bytes after the header",
+            str(path),
+            hint="the file was cut off or altered; write it again",
+        )
+    tokens = np.memmap(path, dtype=dtype, mode="r", offset=LLMC_HEADER_BYTES, shape=(count,))
+    layout = f"llm.c token file, version {version}, {count:,} {name} tokens"
+    return TokenStream(tokens, data.options["seq"], data.options["split"], str(path), layout)
 
 
 def _token_file(data: Any, path: Path, dtype: np.dtype, name: str) -> TokenStream:
-    """A file of little-endian integer tokens, memory-mapped."""
+    """A file of little-endian integer tokens without a header, memory-mapped."""
     size = path.stat().st_size
     if size % dtype.itemsize:
         raise SexpgpuError(
@@ -142,7 +194,8 @@ def _token_file(data: Any, path: Path, dtype: np.dtype, name: str) -> TokenStrea
             hint="check :dtype: the file was perhaps written as another integer width",
         )
     tokens = np.memmap(path, dtype=dtype, mode="r")
-    return TokenStream(tokens, data.options["seq"], data.options["split"], str(path))
+    layout = "" if name == "u8" else f"headerless, {len(tokens):,} {name} tokens"
+    return TokenStream(tokens, data.options["seq"], data.options["split"], str(path), layout)
 
 
 @functools.lru_cache(maxsize=1)
@@ -322,6 +375,8 @@ class Loader(Protocol):
     items_per_microbatch: int
     position: int
 
+    layout: str  # what was read: the files, token layouts, the eval source
+
     def next_step(self) -> list[dict[str, np.ndarray]]: ...
     def eval_batches(self, count: int) -> list[dict[str, np.ndarray]]: ...
     def state(self) -> dict[str, int]: ...
@@ -377,21 +432,33 @@ class _Base:
 class StreamLoader(_Base):
     """Windows of a token stream: fields ``tokens`` and ``next``, ``[batch, seq]`` int32."""
 
-    def __init__(self, data: TokenStream, name: str, **layout: int) -> None:
+    def __init__(
+        self, data: TokenStream, name: str, held: TokenStream | None = None, **layout: int
+    ) -> None:
         super().__init__(**layout)
         self.seq = data.seq
         cut = int(len(data.tokens) * data.split)
         self._train_part, self._eval_part = data.tokens[:cut], data.tokens[cut:]
-        for part, label in ((self._train_part, "training"), (self._eval_part, "eval")):
-            if len(part) < self.seq + 1 and (label == "training" or data.split < 1.0):
+        parts = [(self._train_part, "training", data), (self._eval_part, "eval", data)]
+        if held is not None:  # `:eval SOURCE`: evaluate on all of another stream
+            self._eval_part = held.tokens
+            parts[1] = (held.tokens, "eval", held)
+        for part, label, whole in parts:
+            if len(part) < self.seq + 1 and (label == "training" or whole.split < 1.0):
                 raise SexpgpuError(
                     "E-DATA-002",
-                    f"data set `{name}`: the {label} part of {data.where} has {len(part)} "
+                    f"data set `{name}`: the {label} part of {whole.where} has {len(part)} "
                     f"tokens, fewer than :seq + 1 = {self.seq + 1}",
-                    data.where,
+                    whole.where,
                     hint="use more data, a shorter :seq, or another :split",
                 )
         self._name, self._where = name, data.where
+        # What was read, for the run's records: which token file layout, which eval source.
+        self.layout = ", ".join(
+            f"{label}{s.where}" + (f" ({s.layout})" if s.layout else "")
+            for label, s in (("", data), ("eval ", held))
+            if s is not None
+        )
         shape = (self.batch, self.seq)
         self.fields = {"tokens": (shape, "int32"), "next": (shape, "int32")}
         self.items_per_microbatch = self.batch * self.seq
@@ -428,12 +495,24 @@ class StreamLoader(_Base):
 class ArrayLoader(_Base):
     """Rows of named sample arrays, reshuffled every epoch."""
 
-    def __init__(self, data: ArraySet, name: str, **layout: int) -> None:
+    def __init__(
+        self, data: ArraySet, name: str, held: ArraySet | None = None, **layout: int
+    ) -> None:
         super().__init__(**layout)
         count = len(next(iter(data.fields.values())))
         order = np.random.default_rng([self.seed, 0]).permutation(count)
         cut = round(count * data.split)
         self._train_rows, self._eval_rows = order[:cut], np.sort(order[cut:])
+        if held is not None:  # `:eval SOURCE`: its samples follow the training ones
+            data = _joined(data, held, name)
+            self._eval_rows = np.arange(count, len(next(iter(data.fields.values()))))
+            if not len(self._eval_rows):
+                raise SexpgpuError(
+                    "E-DATA-002",
+                    f"data set `{name}`: the eval source {held.where} holds no samples",
+                    held.where,
+                    hint="give :eval a source with samples in it",
+                )
         if len(self._train_rows) < 1 or (len(self._eval_rows) < 1 and data.split < 1.0):
             raise SexpgpuError(
                 "E-DATA-002",
@@ -448,6 +527,7 @@ class ArrayLoader(_Base):
             k: ((self.batch, *v.shape[1:]), str(v.dtype)) for k, v in data.fields.items()
         }
         self.items_per_microbatch = self.batch
+        self.layout = data.where + ("" if held is None else f"; eval {held.where}")
 
     def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         return {k: np.ascontiguousarray(v[rows]) for k, v in self._arrays.items()}
@@ -504,6 +584,24 @@ def make_loader(
     layout = {"batch": batch, "microbatches": microbatches, "seed": seed}
     layout |= {"rank": rank, "ranks": ranks}
     dataset = SOURCES[data.kind](data)
+    held = None if data.eval is None else SOURCES[data.eval.kind](data.eval)
     if isinstance(dataset, TokenStream):
-        return StreamLoader(dataset, data.name, **layout)
-    return ArrayLoader(dataset, data.name, **layout)
+        return StreamLoader(dataset, data.name, held, **layout)  # type: ignore[arg-type]
+    return ArrayLoader(dataset, data.name, held, **layout)  # type: ignore[arg-type]
+
+
+def _joined(train: ArraySet, held: ArraySet, name: str) -> ArraySet:
+    """The samples of `train` then those of `held` (E-DATA-004 unless their fields agree)."""
+    for key, value in train.fields.items():
+        other = held.fields.get(key)
+        if other is None or other.shape[1:] != value.shape[1:] or other.dtype != value.dtype:
+            found = "no such field" if other is None else f"{other.dtype} {list(other.shape[1:])}"
+            raise SexpgpuError(
+                "E-DATA-004",
+                f"data set `{name}`: field {key} of the eval source {held.where} is {found}, "
+                f"the training source's is {value.dtype} {list(value.shape[1:])}",
+                held.where,
+                hint="evaluate on samples of the training samples' fields and shapes",
+            )
+    fields = {k: np.concatenate([v, held.fields[k]]) for k, v in train.fields.items()}
+    return ArraySet(fields, train.split, train.where)

@@ -299,7 +299,8 @@ class RankLoop:
         m.annotate(
             step,
             f"data: {run.data.name} ({run.data.kind}), "
-            f"{self.loader.items_per_microbatch} items per microbatch",
+            + ("" if self.loader.layout == run.data.kind else f"{self.loader.layout}, ")
+            + f"{self.loader.items_per_microbatch} items per microbatch",
         )
 
     def _record(

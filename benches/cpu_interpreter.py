@@ -9,6 +9,7 @@ GPT-2 small: 12 layers, width 768, 12 heads, vocabulary 50257, sequence
 
     python benches/cpu_interpreter.py                 # both sides, GPT-2 small
     python benches/cpu_interpreter.py --layers 2 --profile   # time per IR op
+    python benches/cpu_interpreter.py --smoke         # a tiny GPT, in seconds (CI)
 
 The PyTorch twin is tests/ir/torch_reference.py (the model the equality
 test checks against sexpgpu). Results are recorded in benches/README.md.
@@ -72,13 +73,15 @@ def _time(step, repeats: int) -> tuple[list[float], list[float]]:
 
 
 def run_sexpgpu(args: argparse.Namespace) -> dict:
+    from sexpgpu.devices.cpu_device import CpuKernels
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment_text
 
     text = GPT.format(**vars(args))
     experiment = load_experiment_text(text, "gpt-bench.lisp")
     start = time.perf_counter()
-    program = compile_run(experiment, experiment.run())
+    compiled = compile_run(experiment, experiment.run())
+    program = CpuKernels(compiled)  # the cpu device's graphs, planned on the interpreter
     compile_s = time.perf_counter() - start
     params = program.init_params(0)
     tokens, targets = _batch(args)
@@ -187,7 +190,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed steps after the warm-up")
     parser.add_argument("--side", choices=("both", "sexpgpu", "torch"), default="both")
     parser.add_argument("--profile", action="store_true", help="time each IR op (sexpgpu)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT that runs in seconds")
     args = parser.parse_args()
+    if args.smoke:
+        args.layers, args.width, args.heads, args.vocab, args.seq = 1, 32, 2, 256, 16
+        args.batch, args.repeats = 2, 1
     if args.side == "sexpgpu":
         print(json.dumps(run_sexpgpu(args)))
         return

@@ -16,6 +16,12 @@ memory plan and its stacking line.
 
     python benches/gpt2_cuda.py                        # batch 16 and 32, every side
     python benches/gpt2_cuda.py --batches 16 --sides sexpgpu eager
+    python benches/gpt2_cuda.py --smoke                # a tiny GPT on the CPU (CI)
+
+``--smoke`` trains a one-layer GPT of width 32 for three steps, sexpgpu on
+the ``cpu`` device and the eager peer on PyTorch's CPU device (torch.compile
+is left out: it compiles for minutes there). It checks that the script runs
+end to end without a GPU, in seconds; its numbers say nothing of a GPU.
 
 Results are recorded in benches/README.md.
 """
@@ -62,7 +68,7 @@ def sexpgpu_side(args: argparse.Namespace) -> dict:
             ended.setdefault(report.step, time.perf_counter())
 
         began = time.perf_counter()
-        trainer = prepare_run(path, out=Path(tmp) / "run", device="cuda", on_step=on_step)
+        trainer = prepare_run(path, out=Path(tmp) / "run", device=args.device, on_step=on_step)
         prepared = time.perf_counter() - began  # the plan: trace, compile, dry call
         summary = trainer.run()
         records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
@@ -96,7 +102,7 @@ def torch_step(args: argparse.Namespace, mode: str):
     from torch.nn import functional as F
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -123,7 +129,7 @@ def torch_step(args: argparse.Namespace, mode: str):
             self.ln = nn.LayerNorm(args.width)
 
         def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            with torch.autocast("cuda", torch.bfloat16):
+            with torch.autocast(dev.type, torch.bfloat16):
                 x = F.embedding(tokens, self.wte) + self.wpe[: tokens.shape[1]]
                 for block in self.blocks:
                     x = block(x)
@@ -154,11 +160,14 @@ def torch_side(args: argparse.Namespace, mode: str) -> dict:
     step = torch_step(args, mode)
     rng = np.random.default_rng(0)
     shape = (args.batch, args.seq + 1)
-    data = [torch.from_numpy(rng.integers(0, 256, shape)).to("cuda") for _ in range(4)]
+    data = [torch.from_numpy(rng.integers(0, 256, shape)).to(args.device) for _ in range(4)]
     times, first = [], None
-    torch.cuda.reset_peak_memory_stats()
+    on_gpu = args.device == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
     for i in range(args.steps):
-        torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()
         began = time.perf_counter()
         step(data[i % len(data)]).item()
         times.append(time.perf_counter() - began)
@@ -168,13 +177,22 @@ def torch_side(args: argparse.Namespace, mode: str) -> dict:
         "side": f"torch {mode}",
         "step_s": statistics.median(times[args.warmup :]),
         "first_step_s": first,
-        "peak_bytes": int(torch.cuda.max_memory_allocated()),
+        "peak_bytes": int(torch.cuda.max_memory_allocated()) if on_gpu else 0,
     }
 
 
-def matmul_rate() -> float:
-    """The bf16 matmul rate this GPU reaches (FLOP/s), 8192^3 through cuBLAS."""
+def matmul_rate(device: str) -> float:
+    """The bf16 matmul rate this GPU reaches (FLOP/s), 8192^3 through cuBLAS.
+
+    On the CPU (``--smoke``): one 256^3 product, timed once.
+    """
     import torch
+
+    if device == "cpu":
+        a, b = (torch.randn(256, 256, dtype=torch.bfloat16) for _ in range(2))
+        began = time.perf_counter()
+        a @ b
+        return 2 * 256**3 / (time.perf_counter() - began)
     from triton.testing import do_bench
 
     n = 8192
@@ -237,15 +255,22 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", default=sides, choices=sides)
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: --smoke
+    parser.add_argument("--smoke", action="store_true", help="a tiny GPT on the CPU")
     args = parser.parse_args()
+    if args.smoke:
+        args.layers, args.width, args.heads, args.seq, args.vocab = 1, 32, 2, 16, 256
+        args.steps, args.warmup, args.rows, args.batches = 3, 1, 2, [2]
+        args.device, args.sides = "cpu", ["sexpgpu", "eager"]
     if args.side:
         print("RESULT " + json.dumps(one_side(args)), flush=True)
         return
-    rate = matmul_rate()
+    rate = matmul_rate(args.device)
     per_token = flops_per_token(args)
     print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s; {per_token / 1e9:.3f} GFLOP per token")
     common = [f"--{k}={getattr(args, k)}" for k in ("layers", "width", "heads", "seq", "vocab")]
     common += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--rows={args.rows}"]
+    common += [f"--device={args.device}"]
     rows = []
     for batch in args.batches:
         for side in args.sides:

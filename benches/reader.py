@@ -7,6 +7,7 @@ every node), as JSON (`json.loads`, C, no positions) and as Python
 the best of `--repeat` runs.
 
     python benches/reader.py [--forms 100000] [--repeat 3]
+    python benches/reader.py --smoke       # 1,000 forms once, in a second (CI)
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--forms", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="1,000 forms, read once")
     args = parser.parse_args()
+    if args.smoke:
+        args.forms, args.repeat = 1000, 1
     forms = make_forms(args.forms)
     with tempfile.TemporaryDirectory() as folder:
         sexp, js, py = Path(folder, "f.lisp"), Path(folder, "f.json"), Path(folder, "f.py")

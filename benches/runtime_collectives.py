@@ -8,6 +8,7 @@ per rank, which is the least work an all-reduce that gives every rank its own
 result can do. Best of ``--repeat`` runs of ``--steps`` collectives.
 
     python benches/runtime_collectives.py --mib 0.008 64 --ranks 2 4 8
+    python benches/runtime_collectives.py --smoke     # 2 cpu ranks, 8 KiB, in a second (CI)
 """
 
 from __future__ import annotations
@@ -77,7 +78,10 @@ def main() -> None:
     parser.add_argument("--mib", type=float, nargs="+", default=[0.008, 64.0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="2 ranks, 8 KiB, 2 steps, once")
     args = parser.parse_args()
+    if args.smoke:
+        args.ranks, args.mib, args.steps, args.repeat = [2], [0.008], 2, 1
     print("| ranks | array | all_reduce | peer | all_reduce / peer |")
     print("|---|---|---|---|---|")
     for mib in args.mib:

@@ -1,4 +1,4 @@
-"""The language's GPT and MLP (the examples' models) equal the same models in PyTorch.
+"""The language's GPT, Llama and MLP (the examples' models) equal the same models in PyTorch.
 
 sexpgpu's initial parameters are copied into `torch.nn` twins by path name
 (tests/ir/torch_reference.py); the loss and every parameter's gradient must
@@ -19,7 +19,7 @@ from sexpgpu.lang import load_experiment_text
 
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parent / "ir"))
-from torch_reference import TorchGPT, TorchMLP, load_named, named_grads  # noqa: E402
+from torch_reference import TorchGPT, TorchLlama, TorchMLP, load_named, named_grads  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RTOL = 1e-5
@@ -28,6 +28,10 @@ GPT_VARIANT = """
 (defvariant tiny (layers 2) (width 32) (heads 4) (seq 16) (vocab 64) (batch 3) (dtype "f32"))
 """
 MLP_VARIANT = "\n(defvariant tiny (hidden 16) (batch 5))\n"
+LLAMA_VARIANT = """
+(defvariant tiny (layers 2) (width 32) (heads 4) (kv-heads 2) (ffn 48) (seq 16) (vocab 64)
+  (batch 3) (dtype "f32"))
+"""
 
 
 def _program(example: str, variant_text: str):
@@ -75,6 +79,23 @@ def test_gpt_loss_and_gradients_equal_torch() -> None:
         return torch.from_numpy(batch["tokens"]).long(), torch.from_numpy(batch["next"]).long()
 
     _compare(program, model, batch, to_torch)
+
+
+def _tokens(seed: int, batch: int = 3, seq: int = 16) -> dict[str, np.ndarray]:
+    tokens = np.random.default_rng(seed).integers(0, 64, (batch, seq + 1)).astype(np.int32)
+    return {"tokens": tokens[:, :-1], "next": tokens[:, 1:]}
+
+
+def _token_pair(batch):
+    return torch.from_numpy(batch["tokens"]).long(), torch.from_numpy(batch["next"]).long()
+
+
+def test_llama_loss_and_gradients_equal_torch() -> None:
+    program = _program("llama.lisp", LLAMA_VARIANT)
+    ops = {node.op.label for node in program.compiled.train_graph.nodes()}
+    assert {"attention", "attention-grad"} <= ops
+    model = TorchLlama(layers=2, width=32, heads=4, kv_heads=2, ffn=48, seq=16, vocab=64)
+    _compare(program, model, _tokens(6), _token_pair)
 
 
 def test_mlp_loss_and_gradients_equal_torch() -> None:

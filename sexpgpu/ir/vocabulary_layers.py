@@ -1,4 +1,4 @@
-"""Vocabulary entries with parameters (layers) and the losses.
+"""Vocabulary entries with parameters (layers), the attention pieces, dropout and the losses.
 
 Each layer's parameters are named under the call's own path segment
 (``gpt/block.3/attention/wq``); see `sexpgpu.ir.trace` for the naming rule.
@@ -6,19 +6,23 @@ Each layer's parameters are named under the call's own path segment
 =============  ================================  ===================================
 layer          parameters                        initial values
 =============  ================================  ===================================
-linear         weight ``[in n]``, bias ``[n]``   xavier, zeros
-embed          weight ``[vocab width]``          (normal 0.02)
-layernorm      weight, bias ``[width]``          ones, zeros
+linear         weight ``[in n]``, bias ``[n]``   xavier (or ``:init``), zeros
+embed          weight ``[vocab width]``          (normal 0.02) (or ``:init``)
+layernorm      weight, bias ``[width]``          ones, zeros (``:bias false``: none)
 rmsnorm        weight ``[width]``                ones
-attention      wq wk wv wo ``[width width]``,    xavier, zeros
-               bq bk bv bo ``[width]``
+attention      wq wo ``[width width]``,          xavier, zeros (``:bias false``:
+               wk wv ``[width kv*d]``, biases    no biases)
 =============  ================================  ===================================
 
 Norms use ``:eps 1e-5``. ``attention`` is multi-head scaled dot-product
-self-attention: ``softmax(q k^T / sqrt(d)) v`` per head with ``d = width /
-heads``, masked to earlier positions when ``:causal true``, then the output
+self-attention composed of the pieces users can call themselves: the
+projections, `rotary` (``rope``) on queries and keys when ``:rope BASE``,
+`grouped_attention` (``sdpa``: ``softmax(q k^T / sqrt(d)) v`` per head, key
+and value heads shared by groups of query heads), then the output
 projection. The product is the IR's fused ATTENTION op, whose backward
 recomputes the weights, so no ``[seq seq]`` value is kept per layer.
+``dropout`` draws its masks from the microbatch's random key (docs/ir.md,
+"Random numbers") and is replaced by its operand in evaluation.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from sexpgpu.devices.cuda.lowering import LOWERING_EXEMPT, LOWERINGS, ids_checke
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.autodiff import training_graph
+from sexpgpu.ir.counter_rng import KEY_FIELD, microbatch_key
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.passes import optimize
@@ -318,6 +319,25 @@ def test_gpt_smoke_training_step_equals_the_interpreter(dtype, edits, device) ->
     program_nodes = {n.op for n in graph.nodes()}
     assert {Op.ATTENTION, Op.ATTENTION_GRAD, Op.LAYERNORM_GRAD, Op.CROSS_ENTROPY} <= program_nodes
     _compare_model(graph, _model_feeds(trace, 1), device, dtype)
+
+
+LLAMA_SMALL = (("(batch 8) (microbatches 8)", "(batch 2) (microbatches 8)"),)
+LLAMA_DROPOUT = (("(dropout 0.0)", "(dropout 0.2)"),)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
+def test_llama_smoke_training_step_equals_the_interpreter(dropout, device) -> None:
+    """Rotary tables, grouped key/value heads, SwiGLU, and dropout's masks drawn by the lowering."""
+    graph, trace = _training(
+        "llama.lisp", "smoke", LLAMA_SMALL + (LLAMA_DROPOUT if dropout else ())
+    )
+    ops = {n.op for n in graph.nodes()}
+    assert {Op.ATTENTION, Op.ATTENTION_GRAD} <= ops and (Op.UNIFORM in ops) is dropout
+    feeds = _model_feeds(trace, 2)
+    if dropout:
+        feeds[KEY_FIELD] = microbatch_key(1337, 5)
+    _compare_model(graph, feeds, device, "f32")
 
 
 @pytest.mark.parametrize("microbatches", [1, 2])

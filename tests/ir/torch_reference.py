@@ -1,4 +1,4 @@
-"""PyTorch twins of the language's GPT and MLP, addressed by sexpgpu path names.
+"""PyTorch twins of the language's GPT, Llama and MLP, addressed by sexpgpu path names.
 
 The models are written with ``torch.nn`` modules (Linear, LayerNorm,
 Embedding, scaled_dot_product_attention), independently of sexpgpu, so a
@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["TorchGPT", "TorchMLP", "load_named", "named_grads"]
+__all__ = ["TorchGPT", "TorchLlama", "TorchMLP", "load_named", "named_grads"]
 
 
 class _Block(nn.Module):
@@ -93,6 +93,98 @@ class TorchGPT(nn.Module):
             names[f"{p}/linear/bias"] = (blk.up.bias, False)
             names[f"{p}/linear.1/weight"] = (blk.down.weight, True)
             names[f"{p}/linear.1/bias"] = (blk.down.bias, False)
+        return names
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embeddings as Llama and GPT-NeoX apply them: the halves of d rotate together."""
+    half = x.shape[-1] // 2
+    turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + turned * sin
+
+
+class _LlamaBlock(nn.Module):
+    """x + attention(rmsnorm x) (grouped-query, rotary, no biases); x + swiglu(rmsnorm x)."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, ffn: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.d = heads, kv_heads, width // heads
+        self.norm1 = nn.RMSNorm(width, eps=1e-5)
+        self.q = nn.Linear(width, width, bias=False)
+        self.k = nn.Linear(width, kv_heads * self.d, bias=False)
+        self.v = nn.Linear(width, kv_heads * self.d, bias=False)
+        self.o = nn.Linear(width, width, bias=False)
+        self.norm2 = nn.RMSNorm(width, eps=1e-5)
+        self.gate = nn.Linear(width, ffn, bias=False)
+        self.up = nn.Linear(width, ffn, bias=False)
+        self.down = nn.Linear(ffn, width, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, w = x.shape
+        h = self.norm1(x)
+        q = _rotate(self.q(h).view(b, s, self.heads, self.d).transpose(1, 2), cos, sin)
+        k = _rotate(self.k(h).view(b, s, self.kv_heads, self.d).transpose(1, 2), cos, sin)
+        v = self.v(h).view(b, s, self.kv_heads, self.d).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.o(y.transpose(1, 2).reshape(b, s, w))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class TorchLlama(nn.Module):
+    """examples/llama.lisp in PyTorch: untied embedding and head, rotary base `base`."""
+
+    def __init__(
+        self,
+        layers: int,
+        width: int,
+        heads: int,
+        kv_heads: int,
+        ffn: int,
+        seq: int,
+        vocab: int,
+        base: float = 10000.0,
+    ) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList(_LlamaBlock(width, heads, kv_heads, ffn) for _ in range(layers))
+        self.norm = nn.RMSNorm(width, eps=1e-5)
+        self.head = nn.Linear(width, vocab, bias=False)
+        d = width // heads
+        inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)  # (S, d/2)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)  # (B, S, W)
+        s = tokens.shape[1]
+        cos, sin = self.cos[:s].to(x.dtype), self.sin[:s].to(x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.head(self.norm(x))  # (B, S, V)
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self(tokens)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+    def path_names(self, model: str = "llama") -> dict[str, tuple[nn.Parameter, bool]]:
+        """sexpgpu path name -> (torch parameter, stored transposed)."""
+        names: dict[str, tuple[nn.Parameter, bool]] = {
+            f"{model}/embed/weight": (self.embed.weight, False),
+            f"{model}/rmsnorm/weight": (self.norm.weight, False),
+            f"{model}/linear/weight": (self.head.weight, True),
+        }
+        for i, blk in enumerate(self.blocks):
+            p = f"{model}/block.{i}"
+            names[f"{p}/rmsnorm/weight"] = (blk.norm1.weight, False)
+            for short, lin in zip("qkvo", (blk.q, blk.k, blk.v, blk.o), strict=True):
+                names[f"{p}/attention/w{short}"] = (lin.weight, True)
+            names[f"{p}/rmsnorm.1/weight"] = (blk.norm2.weight, False)
+            names[f"{p}/linear/weight"] = (blk.gate.weight, True)
+            names[f"{p}/linear.1/weight"] = (blk.up.weight, True)
+            names[f"{p}/linear.2/weight"] = (blk.down.weight, True)
         return names
 
 

@@ -74,7 +74,14 @@ class CoreWriter:
     def __init__(self, sink: CoreSink, staged: bool) -> None:
         self._sink = sink
         self._copy = staged and sink.keeps
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-write")
+        # A host core put into a sink that keeps it is a dict entry: nothing to
+        # overlap, and a thread's handoffs would cost more than the put.
+        self._inline = not staged and sink.keeps
+        self._pool = (
+            None
+            if self._inline
+            else ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-tn-write")
+        )
         self._pending: Future[None] | None = None
         self.written = 0
         self.busy = 0.0  # seconds the writer's thread spent on cores
@@ -93,7 +100,8 @@ class CoreWriter:
             if exc is None:
                 self._drain()
         finally:
-            self._pool.shutdown(wait=True)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
         logger.debug(
             "%d output cores written: %.3f s in the writer's thread, the sweep waited %.3f s",
             self.written,
@@ -103,6 +111,9 @@ class CoreWriter:
 
     def put(self, j: int, download: Callable[[], np.ndarray]) -> None:
         """Write core ``j`` once its download is done; raises an earlier write's error."""
+        if self._pool is None:
+            self._write(j, download)
+            return
         start = perf_counter()
         self._drain()
         self.waited += perf_counter() - start

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -125,9 +126,19 @@ class Stack:
         """The number of sites of every train."""
         return len(self.layers[0])
 
+    @cached_property
+    def _shapes(self) -> list[list[Shape4]]:
+        # The plan asks for every site's shapes many times over: read them once.
+        return [[layer.shape(j) for layer in self.layers] for j in range(self.n_sites)]
+
     def shapes(self, j: int) -> list[Shape4]:
         """Return the padded shapes of every layer at site ``j``."""
-        return [layer.shape(j) for layer in self.layers]
+        return list(self._shapes[j])
+
+    @cached_property
+    def in_memory(self) -> bool:
+        """Whether every site is a NumPy array in memory (nothing to read ahead)."""
+        return all(type(site) is np.ndarray for layer in self.layers for site in layer.sites)
 
     def read(self, j: int, check: bool = True) -> list[np.ndarray]:
         """Read site ``j`` of every layer (``check``: look for NaN and infinities)."""

@@ -1,0 +1,333 @@
+"""Past one GPU's memory: the Llama example scaled until it does not fit, sexpgpu against PyTorch.
+
+For each size (layers x width, at sequence 2048): sexpgpu runs
+`examples/llama.lisp` through `prepare_run` and the run loop, its plan
+choosing what to recompute; the peer is the same model in PyTorch (RMSNorm,
+rotary embeddings, grouped-query SDPA attention, SwiGLU, no biases) under
+``torch.autocast`` in bf16 over f32 parameters with
+``torch.optim.AdamW(fused=True)``, ``torch.compile`` of the model and
+``torch.utils.checkpoint`` around every block, the usual way past memory in
+PyTorch. Each side and size runs in its own process. Reported per side and
+size: whether it trains, tokens per second (the median step after
+`--warmup`), the allocator's peak, and sexpgpu's recompute line and plan;
+then the largest size each side trains, and the FLOPs sexpgpu adds at a
+budget of 60% of its no-recompute plan (the plan alone, for the first size).
+
+    python benches/memory_cuda.py                         # the sizes, on one GPU
+    python benches/memory_cuda.py --sizes 16x2048 32x3072 # some of them
+    python benches/memory_cuda.py --smoke                 # on the CPU in seconds: the paths
+
+``--smoke`` runs tiny sizes on the CPU: sexpgpu's cpu device with a budget
+that makes it recompute, the peer eager (no torch.compile, whose C++ build
+takes minutes on a CPU). Results are recorded in benches/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA = ROOT / "examples" / "llama.lisp"
+# Sizes (layers, width) from comfortable to past one H200 without recomputation.
+SIZES = ["16x2048", "24x2048", "32x2560", "32x3072", "40x3584", "48x4096"]
+SMOKE_SIZES = ["2x64"]
+
+
+def shape(size: str, args: argparse.Namespace) -> dict:
+    """Layers, width, heads (128 wide, 16 at smoke size), kv-heads (a quarter), ffn (8/3 width)."""
+    layers, width = (int(x) for x in size.split("x"))
+    head = 16 if args.smoke else 128
+    heads = max(1, width // head)
+    ffn = 64 * ((8 * width // 3 + 63) // 64)
+    return {"layers": layers, "width": width, "heads": heads, "kv": max(1, heads // 4), "ffn": ffn}
+
+
+def variant(size: str, args: argparse.Namespace) -> str:
+    s = shape(size, args)
+    dtype = "f32" if args.smoke else "bf16"
+    return (
+        f"(defvariant bench (layers {s['layers']}) (width {s['width']}) (heads {s['heads']}) "
+        f"(kv-heads {s['kv']}) (ffn {s['ffn']}) (seq {args.seq}) (batch {args.batch}) "
+        f'(microbatches 1) (dtype "{dtype}") (eval-every 1000000) (checkpoint-every 1000000))'
+    )
+
+
+def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
+    from sexpgpu.errors import SexpgpuError
+    from sexpgpu.train import prepare_run
+    from sexpgpu.train.metrics import read_metrics
+
+    device = "cpu" if args.smoke else "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "llama.lisp"
+        path.write_text(LLAMA.read_text() + variant(size, args))
+        environ = dict(os.environ)
+        if args.smoke:  # a budget the smoke size fits only by recomputing
+            plain = plain_plan(path, device, environ)
+            budget = plain.total - 0.3 * plain.parts["activations"]
+            environ["SEXPGPU_MEMORY"] = str(int(budget))
+        try:
+            trainer = prepare_run(
+                path, variant="bench", steps=args.steps, out=Path(tmp) / "run",
+                device=device, environ=environ,
+            )  # fmt: skip
+        except SexpgpuError as error:
+            if error.code != "E-MEM-001":
+                raise
+            return {"fits": False, "why": error.message}
+        trainer.run()
+        records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
+    times = [r["value"] for r in records if r["name"] == "train/step_time_s"]
+    notes = [r["value"] for r in records if r["name"] == "annotation"]
+    peaks = [r["value"] for r in records if r["name"] == "runtime/peak_bytes"]
+    return {
+        "fits": True,
+        "step_s": statistics.median(times[args.warmup :] or times),
+        "peak_bytes": max(peaks),
+        "plan": next((n for n in notes if n.startswith("memory: plan")), None),
+        "recompute": next((n for n in notes if n.startswith("recompute:")), "none"),
+    }
+
+
+def plain_plan(path: Path, device: str, environ: dict):
+    """The run's memory plan without recomputation (a `MemoryPlan`)."""
+    from sexpgpu.devices.base import get_device
+    from sexpgpu.devices.optim import moment_count
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+
+    experiment = load_experiment(path, variant="bench")
+    run = experiment.run(None)
+    compiled = compile_run(experiment, run)
+    memory = int(environ["SEXPGPU_MEMORY"]) if environ.get("SEXPGPU_MEMORY", "").isdigit() else None
+    backend = get_device(device)
+    plan = backend.plan(
+        compiled, moments=moment_count(run.optimizer), ranks=1, memory=memory, microbatches=1
+    )
+    return getattr(plan, "memory", plan)
+
+
+def flops_at_60(size: str, args: argparse.Namespace) -> dict:
+    """The FLOPs the plan adds at a budget of 60% of the no-recompute plan (nothing run)."""
+    from sexpgpu.devices.base import get_device
+    from sexpgpu.devices.memory_fit import plan_run
+    from sexpgpu.devices.optim import moment_count
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+
+    device = "cpu" if args.smoke else "cuda"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "llama.lisp"
+        path.write_text(LLAMA.read_text() + variant(size, args))
+        total = plain_plan(path, device, {}).total
+        experiment = load_experiment(path, variant="bench")
+        run = experiment.run(None)
+        compiled = compile_run(experiment, run)
+    fitted = plan_run(
+        get_device(device), compiled, moments=moment_count(run.optimizer), ranks=1,
+        memory=int(0.6 * total), microbatches=1,
+    )  # fmt: skip
+    done = fitted.recompute
+    return {
+        "plain_bytes": total,
+        "fits": done is not None and done.fits,
+        "flops_ratio": done.flops / done.base_flops if done is not None else 1.0,
+        "line": fitted.lines()[0] if fitted.lines() else "no recomputation needed",
+    }
+
+
+def torch_side(size: str, args: argparse.Namespace) -> dict:
+    import numpy as np
+    import torch
+
+    on_gpu = not args.smoke
+    dev = torch.device("cuda" if on_gpu else "cpu")
+    step = torch_step(shape(size, args), args, dev)
+    rng = np.random.default_rng(0)
+    data = [torch.from_numpy(rng.integers(0, 256, (args.batch, args.seq + 1))) for _ in range(4)]
+    data = [d.to(dev) for d in data]
+    times = []
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        for i in range(args.steps):
+            if on_gpu:
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+            step(data[i % len(data)]).item()
+            times.append(time.perf_counter() - began)
+    except torch.OutOfMemoryError as error:
+        return {"fits": False, "why": str(error).splitlines()[0]}
+    return {
+        "fits": True,
+        "step_s": statistics.median(times[args.warmup :] or times),
+        "peak_bytes": int(torch.cuda.max_memory_allocated()) if on_gpu else 0,
+    }
+
+
+def torch_step(s: dict, args: argparse.Namespace, dev):
+    """The peer's step, ``step(tokens) -> loss``: compiled, each block checkpointed."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    width, heads, kv = s["width"], s["heads"], s["kv"]
+    hd = width // heads
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n1, self.n2 = nn.RMSNorm(width), nn.RMSNorm(width)
+            self.q = nn.Linear(width, heads * hd, bias=False)
+            self.kv = nn.Linear(width, 2 * kv * hd, bias=False)
+            self.o = nn.Linear(width, width, bias=False)
+            self.gate_up = nn.Linear(width, 2 * s["ffn"], bias=False)
+            self.down = nn.Linear(s["ffn"], width, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            h = self.n1(x)
+            q = self.q(h).view(b, t, heads, hd).transpose(1, 2)
+            k, v = self.kv(h).view(b, t, 2 * kv, hd).transpose(1, 2).chunk(2, dim=1)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, t, width))
+            gate, up = self.gate_up(self.n2(x)).chunk(2, dim=-1)
+            return x + self.down(F.silu(gate) * up)
+
+    def rope(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    class Llama(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(256, width)
+            self.blocks = nn.ModuleList(Block() for _ in range(s["layers"]))
+            self.norm = nn.RMSNorm(width)
+            self.head = nn.Linear(width, 256, bias=False)
+            angles = torch.outer(
+                torch.arange(args.seq, dtype=torch.float32),
+                10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float32) / hd),
+            )
+            self.register_buffer("cos", angles.cos(), persistent=False)
+            self.register_buffer("sin", angles.sin(), persistent=False)
+
+        def forward(self, tokens, targets):
+            with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):
+                x = self.embed(tokens)
+                for block in self.blocks:
+                    x = checkpoint(block, x, self.cos, self.sin, use_reentrant=False)
+                logits = self.head(self.norm(x))
+            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    model = Llama().to(dev)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda"
+    )
+    loss_of = model if args.smoke else torch.compile(model)
+
+    def step(tokens):
+        loss = loss_of(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def params_of(size: str, args: argparse.Namespace) -> int:
+    s = shape(size, args)
+    w, hd = s["width"], s["width"] // s["heads"]
+    per_layer = w * w * 2 + 2 * w * s["kv"] * hd + 3 * w * s["ffn"] + 2 * w
+    return s["layers"] * per_layer + 2 * 256 * w + w
+
+
+def child(args: argparse.Namespace) -> None:
+    """One side and size, in this process (``--side``): its result as a RESULT line."""
+    if args.side == "sexpgpu":
+        result = sexpgpu_side(args.size, args)
+    elif args.side == "flops60":
+        result = flops_at_60(args.size, args)
+    else:
+        result = torch_side(args.size, args)
+    if result.get("fits") and "step_s" in result:
+        result["tokens_per_s"] = args.batch * args.seq / result["step_s"]
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_child(side: str, size: str, args: argparse.Namespace) -> dict:
+    flags = [f"--seq={args.seq}", f"--batch={args.batch}", f"--steps={args.steps}"]
+    flags += [f"--warmup={args.warmup}", *(["--smoke"] if args.smoke else [])]
+    cmd = [sys.executable, __file__, f"--side={side}", f"--size={size}", *flags]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {args.timeout} s"}
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(lines[-1][7:]) if lines else {"error": done.stderr[-800:]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, seconds")
+    parser.add_argument("--sizes", nargs="+", help="LAYERSxWIDTH (default: the ladder)")
+    for name, default in (("seq", 2048), ("batch", 8), ("steps", 10), ("warmup", 3)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
+    parser.add_argument("--size", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.smoke and args.seq == 2048:
+        args.seq, args.batch, args.steps, args.warmup = 64, 2, 3, 1
+    if args.side:
+        child(args)
+        return
+    sizes = args.sizes or (SMOKE_SIZES if args.smoke else SIZES)
+    print(f"seq {args.seq}, batch {args.batch}, {args.steps} steps ({args.warmup} warm-up)")
+    print("| size | parameters | side | trains | tokens/s | peak GiB | recompute |")
+    print("|---|---|---|---|---|---|---|")
+    largest: dict[str, str] = {}
+    for size in sizes:
+        for side in ("sexpgpu", "torch"):
+            r = run_child(side, size, args)
+            trains = "yes" if r.get("fits") else "no" if "fits" in r else "error"
+            rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
+            peak = f"{r['peak_bytes'] / 2**30:.1f}" if r.get("peak_bytes") else "-"
+            note = (
+                r.get("recompute", "checkpoint every block")
+                if side == "sexpgpu"
+                else ("checkpoint every block")
+            )
+            if trains != "yes":
+                note = r.get("why") or r.get("error", "")
+            print(f"| {size} | {params_of(size, args) / 1e9:.2f}B | {side} | {trains} | {rate} | "
+                  f"{peak} | {note.splitlines()[0] if note else ''} |", flush=True)  # fmt: skip
+            if trains == "yes":
+                largest[side] = size
+    print(f"largest trained: sexpgpu {largest.get('sexpgpu', 'none')}, "
+          f"torch {largest.get('torch', 'none')}")  # fmt: skip
+    r = run_child("flops60", sizes[0], args)
+    if "flops_ratio" in r:
+        print(f"flops at 60% of the plan ({sizes[0]}): {r['flops_ratio']:.3f}x, {r['line']}")
+    else:
+        print(f"flops at 60% of the plan ({sizes[0]}): error {r.get('error', '')[-400:]}")
+
+
+if __name__ == "__main__":
+    main()

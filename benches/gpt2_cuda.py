@@ -7,7 +7,8 @@ embedding, learned positions, pre-norm blocks, SDPA attention, tanh gelu)
 under ``torch.autocast`` in bf16 over f32 parameters with
 ``torch.optim.AdamW(fused=True)`` and the same clipping: eager,
 ``torch.compile`` (default) and ``torch.compile(mode="reduce-overhead")``.
-Each side runs in its own process. Reported per side: tokens per second
+Each side runs in its own process. benches/llama_cuda.py reuses the sides,
+the comparison and the table with a Llama-family model. Reported per side: tokens per second
 (the median step after `--warmup`), MFU against the bf16 matmul rate
 measured in the same run, the first step's latency (compilation included,
 from the process's start, with compile caches of its own that start empty),
@@ -52,15 +53,18 @@ GPT = (
 )
 
 
-def sexpgpu_side(args: argparse.Namespace) -> dict:
+def sexpgpu_side(args: argparse.Namespace, template: str = GPT) -> dict:
+    """sexpgpu's side: `template` (a run's text, formatted with `args`) through the run loop."""
     from sexpgpu.train import prepare_run
     from sexpgpu.train.metrics import read_metrics
 
     # The batch as microbatches of at most `--rows` rows: stacking chooses how many a call runs.
     micro = max(1, args.batch // args.rows)
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "gpt.lisp"
-        text = GPT.format(**{**vars(args), "batch": args.batch // micro, "microbatches": micro})
+        path = Path(tmp) / "bench.lisp"
+        text = template.format(
+            **{**vars(args), "batch": args.batch // micro, "microbatches": micro}
+        )
         path.write_text(text)
         ended: dict[int, float] = {}  # step -> when its report came (its loss read)
 
@@ -153,11 +157,12 @@ def torch_step(args: argparse.Namespace, mode: str):
     return step
 
 
-def torch_side(args: argparse.Namespace, mode: str) -> dict:
+def torch_side(args: argparse.Namespace, mode: str, make_step=None) -> dict:
+    """A peer's side: ``make_step(args, mode)`` (default `torch_step`) timed over random tokens."""
     import numpy as np
     import torch
 
-    step = torch_step(args, mode)
+    step = (make_step or torch_step)(args, mode)
     rng = np.random.default_rng(0)
     shape = (args.batch, args.seq + 1)
     data = [torch.from_numpy(rng.integers(0, 256, shape)).to(args.device) for _ in range(4)]
@@ -208,13 +213,13 @@ def flops_per_token(args: argparse.Namespace) -> float:
     return 6 * params + 12 * layers * w * args.seq
 
 
-def one_side(args: argparse.Namespace) -> dict:
+def one_side(args: argparse.Namespace, template: str = GPT, make_step=None) -> dict:
+    """The side `args.side` at batch `args.batch`, with tokens/s."""
     if args.side == "sexpgpu":
-        result = sexpgpu_side(args)
+        result = sexpgpu_side(args, template)
     else:
-        result = torch_side(
-            args, {"eager": "eager", "compile": "default"}.get(args.side, args.side)
-        )
+        mode = {"eager": "eager", "compile": "default"}.get(args.side, args.side)
+        result = torch_side(args, mode, make_step)
     result["batch"] = args.batch
     result["tokens_per_s"] = args.batch * args.seq / result["step_s"]
     return result
@@ -271,10 +276,18 @@ def main() -> None:
     common = [f"--{k}={getattr(args, k)}" for k in ("layers", "width", "heads", "seq", "vocab")]
     common += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--rows={args.rows}"]
     common += [f"--device={args.device}"]
+    rows = compare(args, __file__, common, rate, per_token)
+    table(rows, args.batches, "gpt2-small")
+
+
+def compare(
+    args: argparse.Namespace, script: str, common: list[str], rate: float, per_token: float
+) -> list[dict]:
+    """Each side of `script` at each batch in its own process (cold caches); one row each."""
     rows = []
     for batch in args.batches:
         for side in args.sides:
-            cmd = [sys.executable, __file__, f"--side={side}", f"--batch={batch}", *common]
+            cmd = [sys.executable, script, f"--side={side}", f"--batch={batch}", *common]
             try:
                 with tempfile.TemporaryDirectory() as cache:
                     done = subprocess.run(
@@ -289,16 +302,26 @@ def main() -> None:
                 result["mfu"] = result["tokens_per_s"] * per_token / rate
             print(json.dumps(result), flush=True)
             rows.append(result)
-    print("| batch | side | tokens/s | MFU | first step s | peak GiB | vs best peer |")
-    print("|---|---|---|---|---|---|---|")
-    for batch in args.batches:
+    return rows
+
+
+def table(rows: list[dict], batches: list[int], label: str = "") -> None:
+    """The rows as a Markdown table: speed, MFU, first step, peak (sexpgpu: and its plan)."""
+    head = (
+        "| shape | batch | side | tokens/s | MFU | first step s | peak GiB | plan GiB | vs peer |"
+    )
+    print(head)
+    print("|---|---|---|---|---|---|---|---|---|")
+    for batch in batches:
         mine = [r for r in rows if r["batch"] == batch and "tokens_per_s" in r]
         peers = [r["tokens_per_s"] for r in mine if r["side"] != "sexpgpu"]
         best = max(peers, default=float("nan"))
         for r in mine:
+            plan = r.get("planned_bytes")
+            plan = "" if plan is None else f"{plan / 2**30:.1f}"
             print(
-                f"| {batch} | {r['side']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
-                f"{r['first_step_s']:.1f} | {r['peak_bytes'] / 2**30:.1f} | "
+                f"| {label} | {batch} | {r['side']} | {r['tokens_per_s']:,.0f} | {r['mfu']:.1%} | "
+                f"{r['first_step_s']:.1f} | {r['peak_bytes'] / 2**30:.1f} | {plan} | "
                 f"{r['tokens_per_s'] / best:.2f}x |"
             )
 

@@ -125,7 +125,9 @@ class _LlamaBlock(nn.Module):
         q = _rotate(self.q(h).view(b, s, self.heads, self.d).transpose(1, 2), cos, sin)
         k = _rotate(self.k(h).view(b, s, self.kv_heads, self.d).transpose(1, 2), cos, sin)
         v = self.v(h).view(b, s, self.kv_heads, self.d).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        group = self.heads // self.kv_heads  # each key/value head serves `group` query heads
+        k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o(y.transpose(1, 2).reshape(b, s, w))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine for the Llama-family work: its gpu tests, the
+# example on cuda against the cpu device (with and without dropout), and the
+# benchmarks against torch.compile; logs under $OUT. Each part fits one call
+# of at most 10 minutes. Run from the repository root:
+#   bash benches/llama_session.sh [tests|smoke|bench124|benchtiny]...   (default: tests smoke bench124)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/sexpgpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+parts=${*:-tests smoke bench124}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+
+for part in $parts; do
+  case $part in
+  tests)
+    # The new ops and the Llama example's training graph on CUDA against the
+    # interpreter (dropout's masks drawn by the lowering included), and the
+    # attention backends with grouped key/value heads.
+    timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/devices/test_cuda_lowering.py \
+      -k "llama or uniform or sin or cos or attention" > "$OUT/llama_gpu_tests.log" 2>&1
+    tail -8 "$OUT/llama_gpu_tests.log" ;;
+  smoke)
+    # The example on cuda (fused, CUDA graphs, stacking) gives the cpu run's losses,
+    # with dropout too: the masks are the interpreter's.
+    sed 's/(dropout 0.0)/(dropout 0.1)/' examples/llama.lisp > /tmp/llama-dropout.lisp
+    for ex in examples/llama.lisp /tmp/llama-dropout.lisp; do
+      name=$(basename "$ex" .lisp)
+      python3 -m sexpgpu run "$ex" --variant smoke --steps 60 --out "/tmp/$name-cpu" > "$OUT/${name}_cpu.log" 2>&1
+      SEXPGPU_DEVICE=cuda python3 -m sexpgpu run "$ex" --variant smoke --steps 60 --out "/tmp/$name-cuda" \
+        > "$OUT/${name}_cuda.log" 2>&1
+      grep -E "^(stacking|fused:|memory:|attention)" "$OUT/${name}_cuda.log" | head -8
+      python3 benches/compare_runs.py "/tmp/$name-cpu" "/tmp/$name-cuda" --rtol 1e-3 2>&1 | tee -a "$OUT/llama_compare.log"
+    done ;;
+  bench124)
+    timeout 590 python3 benches/llama_cuda.py --shapes 124m > "$OUT/bench_llama_124m.log" 2>&1
+    tail -12 "$OUT/bench_llama_124m.log" ;;
+  benchtiny)
+    # Eager is left out by default (no target; the call's 10 minutes hold three sides).
+    timeout 590 python3 benches/llama_cuda.py --shapes tinyllama --timeout 190 \
+      --sides ${TINY_SIDES:-sexpgpu compile reduce-overhead} > "$OUT/bench_llama_tiny.log" 2>&1
+    tail -10 "$OUT/bench_llama_tiny.log" ;;
+  esac
+done

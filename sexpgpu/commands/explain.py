@@ -9,7 +9,10 @@ position it comes from unless ``--no-spans``. The text reads back with
 With ``--device cuda`` (or ``SEXPGPU_DEVICE=cuda``) the header also holds
 the device's lowering report: the GPU and its capability, each pattern
 matched and where, the attention backend, and the memory plan with its
-parts. Without a GPU, ``SEXPGPU_MEMORY`` names the card to plan for.
+parts. Without a GPU, ``SEXPGPU_MEMORY`` names the card to plan for. Where
+the plan fits only by recomputing forward values in the backward, the
+header says what it recomputes (``recompute: ...``) and the training graph
+printed is the rewritten one, which the device runs.
 
 `model_section` is the same summary with the parameter table, as a section
 of ``sexpgpu check``.
@@ -108,15 +111,16 @@ def main(args: argparse.Namespace) -> int:
     experiment = load_experiment(args.file, variant=args.variant, sets=args.sets)
     run = experiment.run(args.run)
     program = compile_run(experiment, run)
+    device = args.device or os.environ.get("SEXPGPU_DEVICE", "").strip().lower() or None
+    report: list[str] = []
+    if device is not None:  # the graph printed is the one the device runs (it may recompute)
+        report, program = lowering_report(program, run, device, os.environ)
     graph = program.train_graph if args.graph == "train" else program.eval_graph
     where = str(experiment.path)
     if experiment.variant:
         where += f" (variant {experiment.variant})"
     header = [f"{where}, run {run.name}: {args.graph} graph, {len(graph.nodes())} nodes"]
-    header += summary_lines(program, run)
-    device = args.device or os.environ.get("SEXPGPU_DEVICE", "").strip().lower() or None
-    if device is not None:
-        header += lowering_report(program, run, device, os.environ)
+    header += summary_lines(program, run) + report
     print("\n".join(f"; {line}" for line in header))
     print(format_graph(graph, spans=not args.no_spans))
     return 0
@@ -124,8 +128,9 @@ def main(args: argparse.Namespace) -> int:
 
 def lowering_report(
     compiled: CompiledRun, run: RunDef, device: str, environ: Mapping[str, str]
-) -> list[str]:
-    """The `device`'s report on `compiled`: its patterns, kernels and memory plan (one rank).
+) -> tuple[list[str], CompiledRun]:
+    """The `device`'s report on `compiled` (patterns, kernels, memory plan; one rank), and
+    the run it plans: `compiled`, or its training graph recomputing what the plan chose.
 
     With no GPU visible, a cuda report needs ``SEXPGPU_MEMORY`` as the card to plan for.
     """
@@ -158,4 +163,4 @@ def lowering_report(
     lines = [*backend.report(fitted.compiled, plan), *fitted.lines()]
     if not plan.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
-    return lines
+    return lines, fitted.compiled

@@ -75,12 +75,21 @@ def test_explain_plans_the_cuda_device_that_fits_a_smaller_card(capsys, monkeypa
         pytest.skip("plans the card named by SEXPGPU_MEMORY where no GPU is visible")
     from sexpgpu.cli import main
 
+    def explain(memory):
+        monkeypatch.setenv("SEXPGPU_MEMORY", memory)
+        assert main(["explain", str(GPT), "--variant", "smoke", "--device", "cuda"]) == 0
+        out = capsys.readouterr().out
+        nodes = int(re.search(r"train graph, (\d+) nodes", out).group(1))
+        assert nodes == sum(1 for line in out.splitlines() if line.startswith("  (%"))
+        return out, nodes
+
+    plain, before = explain("80GiB")
+    assert "recompute:" not in plain
     # The cuda plan of the smoke GPT on PyTorch's CPU is 118.9 MiB, nearly all workspaces.
-    monkeypatch.setenv("SEXPGPU_MEMORY", "115MiB")
-    assert main(["explain", str(GPT), "--variant", "smoke", "--device", "cuda"]) == 0
-    out = capsys.readouterr().out
+    out, after = explain("115MiB")
     assert re.search(r"; recompute: \d+ values, \+\d+% FLOPs, plan [\d.]+ MiB of 115\.0 MiB", out)
     assert "E-MEM-001" not in out
+    assert after > before  # the graph printed is the one the device runs, recomputing
 
 
 @pytest.mark.gpu

@@ -377,3 +377,26 @@ def test_the_split_cuts_only_between_ir_nodes(monkeypatch):
     assert made_by == [{"ir0", "ir1", "ir2"}, {"ir3", "ir4"}]
     x = torch.randn(3)
     torch.testing.assert_close(parent(x)[0], step(x)[0])
+
+
+def test_a_stacked_fused_run_with_dropout_draws_the_interpreters_masks(tmp_path, monkeypatch):
+    """Inductor's kernels hash the same keys and positions as the interpreter, stacked or not."""
+    from sexpgpu.train import prepare_run
+    from sexpgpu.train.metrics import read_series
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = tmp_path / "mlp.lisp"
+    text = MLP.replace("gelu (linear 10)", "gelu (dropout :p 0.5) (linear 10)")
+    path.write_text(text.replace(":steps 4", ":steps 4 :microbatches 4"))
+    runs = {}
+    for name, backend in [("cpu", None), ("fused", CudaDevice("cpu", fuse=True))]:
+        prepare_run(path, out=tmp_path / name, backend=backend).run()
+        values = read_series(tmp_path / name, "train/loss")
+        runs[name] = [values[s] for s in sorted(values)]
+    np.testing.assert_allclose(runs["fused"], runs["cpu"], rtol=1e-5)
+    plain = tmp_path / "plain.lisp"
+    plain.write_text(MLP.replace(":steps 4", ":steps 4 :microbatches 4"))
+    prepare_run(plain, out=tmp_path / "plain").run()
+    values = read_series(tmp_path / "plain", "train/loss")
+    assert abs(values[1] - runs["cpu"][0]) > 1e-4  # the masks are on
+    assert "stacking 4" in (tmp_path / "fused" / "metrics.jsonl").read_text()

@@ -39,7 +39,7 @@ from sexpgpu.ir.trace_call import Call, describe_value
 from sexpgpu.ir.trace_init import Init
 from sexpgpu.ir.vocabulary_table import entry, mean_over
 
-__all__ = ["grouped_attention", "rotary"]
+__all__ = ["dropped", "grouped_attention", "rotary"]
 
 _XAVIER = Init("xavier")
 _ZEROS = Init("zeros")
@@ -197,18 +197,19 @@ def _rope_option(cx: Call) -> float | None:
 # ---------------------------------------------------------------- attention pieces
 
 
-def rotary(x: Node, base: float, span: Span) -> Node:
+def rotary(x: Node, base: float, span: Span | None = None) -> Node:
     """Rotary position embeddings on ``[.. seq heads d]``: the half-split rotation.
 
     With ``x1, x2`` the first and second halves of the last axis and
     ``theta[s, i] = s * base ** (-2 i / d)``, the result is
     ``concat(x1 cos - x2 sin, x2 cos + x1 sin)`` (Llama's and GPT-NeoX's
     convention, not GPT-J's interleaved pairs). The tables are made in f32
-    from iotas (folded to constants at compile time) and cast to x's dtype.
+    (f64 for f64) from iotas, folded to constants at compile time, and cast
+    to x's dtype.
     """
     seq, d = x.shape[-3], x.shape[-1]
     half = d // 2
-    f32 = DType.F32
+    f32 = DType.F64 if x.dtype is DType.F64 else DType.F32  # the tables' arithmetic
     pos = b.cast(b.iota((seq, 1, half), 0, span=span), f32, span=span)
     index = b.cast(b.iota((seq, 1, half), 2, span=span), f32, span=span)
     exponent = b.mul(index, b.constant(2.0 / d, f32, span=span), span=span)
@@ -243,7 +244,7 @@ def _rope(cx: Call) -> Node:
 
 
 def grouped_attention(
-    q: Node, k: Node, v: Node, causal: bool, scale: float, span: Span | None
+    q: Node, k: Node, v: Node, causal: bool, scale: float, span: Span | None = None
 ) -> Node:
     """Fused attention of queries ``[.. H S D]`` over keys and values ``[.. K S D]``, K | H.
 
@@ -325,12 +326,20 @@ def _dropout(cx: Call) -> Node:
         )
     assert cx.random_key is not None and cx.train_only is not None
     key, salt = cx.random_key()
+    return cx.train_only(dropped(x, key, salt, p, span), x)
+
+
+def dropped(x: Node, key: Node, salt: int, p: float, span: Span | None = None) -> Node:
+    """`x` with each element zeroed where ``uniform(key, position, salt) < p``, the rest / (1-p).
+
+    The position is the element's index in `x` flattened (int32), so the mask
+    depends on the key, the salt and the element alone (docs/ir.md).
+    """
     counter = b.reshape(b.iota((x.size,), 0, span=span), x.shape, span=span)
     u = b.uniform(key, counter, salt, span=span)
     keep = b.le(b.constant(p, DType.F32, span=span), u, span=span)  # u >= p: kept with 1 - p
     scaled = b.mul(x, b.constant(1.0 / (1.0 - p), x.dtype, span=span), span=span)
-    y = b.where(keep, scaled, b.constant(0.0, x.dtype, span=span), span=span)
-    return cx.train_only(y, x)
+    return b.where(keep, scaled, b.constant(0.0, x.dtype, span=span), span=span)
 
 
 # ---------------------------------------------------------------- losses

@@ -10,6 +10,7 @@ from ir_opcheck import Arg, check_op, ops_built
 
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.ops import Op
+from sexpgpu.ir.vocabulary_layers import dropped, grouped_attention, rotary
 
 A = Arg
 
@@ -66,6 +67,28 @@ def _uniform(key, counter, salt=77):
     k = _mix(key % 2**32 ^ _mix(torch.tensor(salt)))
     h = _mix(_mix((counter % 2**32 + k) % 2**32) ^ _mix((k + 0x9E3779B9) % 2**32))
     return (h >> 8).to(torch.float32) / 2**24
+
+
+def _rope(x, base=100.0):
+    # Llama's rotate_half on [.. seq heads d]
+    s, d = x.shape[-3], x.shape[-1]
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    theta = torch.arange(s, dtype=torch.float64)[:, None] * inv
+    cos, sin = (
+        torch.cat([f(theta)] * 2, -1)[:, None, :].to(x.dtype) for f in (torch.cos, torch.sin)
+    )
+    return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
+
+
+def _gqa(q, k, v):
+    group = q.shape[-3] // k.shape[-3]
+    k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.6)
+
+
+def _dropout(x, p=0.3):
+    u = _uniform(torch.tensor(11), torch.arange(x.numel()).reshape(x.shape), salt=5)
+    return torch.where(u >= p, x * (1 / (1 - p)), torch.zeros((), dtype=x.dtype))
 
 
 def _case(name: str, build, torch_fn, *args: Arg, grad: bool = True):
@@ -211,6 +234,21 @@ CASES = [
     ),
     _case("gelu", b.gelu, lambda x: F.gelu(x, approximate="tanh"), A((4, 5))),
     _case("gelu-grad", b.gelu_grad, _gelu_grad, A((4, 5)), A((4, 5)), grad=False),
+    _case("rope", lambda x: rotary(x, 100.0), _rope, A((2, 5, 3, 4))),
+    _case(
+        "sdpa-grouped",
+        lambda q, k, v: grouped_attention(q, k, v, causal=True, scale=0.6),
+        _gqa,
+        A((2, 4, 5, 3)),
+        A((2, 2, 5, 3)),
+        A((2, 2, 5, 3)),
+    ),
+    _case(
+        "dropout",
+        lambda x: dropped(x, b.constant(11, "int32"), 5, 0.3),
+        _dropout,
+        A((3, 7)),
+    ),
     _case(
         "constant-iota",
         lambda x: b.mul(b.add(x, b.cast(b.iota((2, 3), 1), x.dtype)), b.constant(2, x.dtype)),

@@ -36,6 +36,7 @@ read) to the end of the step.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ _PER_ELEMENT = {op: 5 for op in FUSED} | {Op.LAYERNORM: 8, Op.GELU: 8}
 
 
 _NEVER = 1 << 62
+_NEARBY = 8
 
 
 def work(node: Node) -> int:
@@ -113,19 +115,29 @@ class _Boundary:
         # reads it (schedule positions). A value made again for a reader well before
         # its own first read (the residual stream, each layer's input rebuilt from the
         # one before at the start of the backward) lives about as long as the kept one
-        # did: not a choice. "Well before": more than twice the backward's steps per
-        # kept buffer, the span in which the backward reads one of them.
+        # did: not a choice. "Well before": the backward first reads more than
+        # `_NEARBY` other kept buffers in between (a layer's backward reads a dozen
+        # or two), or the reader is such an early copy itself (a chain of them).
         self.direct: dict[int, int] = {}
         self.copy_read: dict[int, int] = {}
-        steps = 0
         for at, node in enumerate(_reordered(graph, loss).nodes()):
             if id(node) not in self.nodes:
-                steps += 1
                 for x in node.inputs:
                     r = id(_root(x))
                     if r in self.nodes and at < self.direct.get(r, _NEVER):
                         self.direct[r] = at
-        self.slack = 2 * steps // max(1, len(self.kept))
+        self.first_reads = sorted(self.direct[r] for r in self.kept)
+        self.early_readers: set[int] = set()  # buffers first read by a copy made early itself
+
+    def _too_early(self, r: int) -> bool:
+        """Whether kept buffer `r` would be made again well before the backward reads it."""
+        made, read = self.copy_read.get(r, _NEVER), self.direct.get(r, _NEVER)
+        if made >= read or read == _NEVER:
+            return False
+        if r in self.early_readers:
+            return True  # a chain of early copies: each layer's input from the one before
+        between = bisect_left(self.first_reads, read) - bisect_right(self.first_reads, made)
+        return between > _NEARBY
 
     def _need(self, node: Node) -> None:
         if id(node) not in self.needed:
@@ -182,7 +194,7 @@ class _Boundary:
     def _moves_of(self, r: int) -> tuple[list[Move], set[int]]:
         """The moves of kept buffer `r`, and the buffers they looked at (when to look again)."""
         touched = {r}
-        if self.copy_read.get(r, _NEVER) + self.slack < self.direct.get(r, _NEVER) < _NEVER:
+        if self._too_early(r):
             return [], touched
         found = []
         root = self.nodes[r]
@@ -205,8 +217,14 @@ class _Boundary:
         new_needed, new_kept, _ = self._closure(move.roots[0], set(chosen), False, reads)
         r = id(move.roots[0])
         made = min(self.direct.get(r, _NEVER), self.copy_read.get(r, _NEVER))
+        early = made < self.direct.get(r, _NEVER)
         for b in reads:
-            self.copy_read[b] = min(self.copy_read.get(b, _NEVER), made)
+            if made < self.copy_read.get(b, _NEVER):
+                self.copy_read[b] = made
+                if early:
+                    self.early_readers.add(b)
+                else:
+                    self.early_readers.discard(b)
         for node in new_needed:
             self._need(node)
         self.recomputed |= chosen

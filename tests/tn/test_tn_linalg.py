@@ -1,4 +1,4 @@
-"""The SVD fallbacks for LAPACK's rare convergence failures."""
+"""The SVD fallbacks for LAPACK's rare convergence failures, and the thin QR."""
 
 from __future__ import annotations
 
@@ -47,3 +47,23 @@ def test_svd_by_eigh_without_scipy():
     m = _matrix()
     _check(m, *linalg._svd_by_eigh(m))
     _check(m.T, *linalg._svd_by_eigh(m.T))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("shape", [(40, 12), (12, 40), (9, 9)])
+def test_lapack_qr_is_a_thin_qr_with_q_in_fortran_order(dtype, shape):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape) + (
+        1j * rng.standard_normal(shape) if dtype in (np.complex64, np.complex128) else 0
+    )
+    x = x.astype(dtype)
+    q, r = linalg.qr(x)
+    k = min(shape)
+    assert q.dtype == r.dtype == dtype and q.shape == (shape[0], k) and r.shape == (k, shape[1])
+    tol = 1e-4 if dtype in (np.float32, np.complex64) else 1e-12
+    np.testing.assert_allclose(q @ r, x, atol=tol * 10)
+    np.testing.assert_allclose(q.conj().T @ q, np.eye(k), atol=tol)
+    np.testing.assert_array_equal(r, np.triu(r))
+    assert q.flags.f_contiguous  # its transpose, the output core, needs no copy
+    _ref_q, ref_r = np.linalg.qr(x)  # the same factorization, up to rounding
+    np.testing.assert_allclose(np.abs(np.diagonal(r)), np.abs(np.diagonal(ref_r)), rtol=tol * 100)

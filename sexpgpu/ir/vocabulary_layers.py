@@ -338,7 +338,14 @@ def dropped(x: Node, key: Node, salt: int, p: float, span: Span | None = None) -
     counter = b.reshape(b.iota((x.size,), 0, span=span), x.shape, span=span)
     u = b.uniform(key, counter, salt, span=span)
     keep = b.le(b.constant(p, DType.F32, span=span), u, span=span)  # u >= p: kept with 1 - p
-    scaled = b.mul(x, b.constant(1.0 / (1.0 - p), x.dtype, span=span), span=span)
+    # bf16 is scaled in f32 and rounded once (a bf16 scale would be rounded first: a bias).
+    wide = DType.F32 if x.dtype is DType.BF16 else x.dtype
+    scaled = b.mul(
+        x if wide is x.dtype else b.cast(x, wide, span=span),
+        b.constant(1.0 / (1.0 - p), wide, span=span),
+        span=span,
+    )
+    scaled = scaled if wide is x.dtype else b.cast(scaled, x.dtype, span=span)
     return b.where(keep, scaled, b.constant(0.0, x.dtype, span=span), span=span)
 
 

@@ -325,19 +325,24 @@ LLAMA_SMALL = (("(batch 8) (microbatches 8)", "(batch 2) (microbatches 8)"),)
 LLAMA_DROPOUT = (("(dropout 0.0)", "(dropout 0.2)"),)
 
 
+LLAMA_BF16 = (('(lr 1e-3) (dtype "f32")', '(lr 1e-3) (dtype "bf16")'),)
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_llama_smoke_training_step_equals_the_interpreter(dropout, device) -> None:
+def test_llama_smoke_training_step_equals_the_interpreter(dropout, dtype, device) -> None:
     """Rotary tables, grouped key/value heads, SwiGLU, and dropout's masks drawn by the lowering."""
-    graph, trace = _training(
-        "llama.lisp", "smoke", LLAMA_SMALL + (LLAMA_DROPOUT if dropout else ())
+    edits = (
+        LLAMA_SMALL + (LLAMA_DROPOUT if dropout else ()) + (LLAMA_BF16 if dtype == "bf16" else ())
     )
+    graph, trace = _training("llama.lisp", "smoke", edits)
     ops = {n.op for n in graph.nodes()}
     assert {Op.ATTENTION, Op.ATTENTION_GRAD} <= ops and (Op.UNIFORM in ops) is dropout
     feeds = _model_feeds(trace, 2)
     if dropout:
         feeds[KEY_FIELD] = microbatch_key(1337, 5)
-    _compare_model(graph, feeds, device, "f32")
+    _compare_model(graph, feeds, device, dtype)
 
 
 @pytest.mark.parametrize("microbatches", [1, 2])

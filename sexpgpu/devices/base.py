@@ -13,14 +13,17 @@ the gradient buffers) and does every step's arithmetic there::
     program.evaluate(batch, target) ; program.host_state()  # eval; checkpoints, digests
 
 The host sees only the loss, metrics and checkpoints. Devices are looked up
-by the names users type; each entry is imported on first use, so ``cpu``
-never imports PyTorch.
+by the names users type (`sexpgpu.runtime.devices.DEVICE_KINDS`); each entry
+is imported on first use, so ``cpu`` never imports PyTorch. `DEVICES` is also
+the one seam tests wrap: an entry replaced for a test (pytest's
+``monkeypatch.setitem``) runs every command on another device, such as the
+cuda lowering on PyTorch's CPU device.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -175,16 +178,21 @@ class Device(Protocol):
         ...
 
 
-# The names users type -> where the device's class lives (imported on first use).
-DEVICES: dict[str, str] = {
-    "cpu": "sexpgpu.devices.cpu_device:CpuDevice",
-    "cuda": "sexpgpu.devices.cuda.device:CudaDevice",
+def _on_first_use(path: str) -> Callable[[], Device]:
+    """A maker of the device class at ``"package.module:name"``, imported when called."""
+    return lambda: load_entry(path)()
+
+
+# The names users type -> how to make the device.
+DEVICES: dict[str, Callable[[], Device]] = {
+    "cpu": _on_first_use("sexpgpu.devices.cpu_device:CpuDevice"),
+    "cuda": _on_first_use("sexpgpu.devices.cuda.device:CudaDevice"),
 }
 
 
 def get_device(name: str) -> Device:
     """The device users call `name` (``cpu`` or ``cuda``), its module imported now."""
-    return load_entry(DEVICES[name])()
+    return DEVICES[name]()
 
 
 def load_entry(path: str) -> Any:

@@ -24,7 +24,7 @@ from sexpgpu.devices.base import EvalResult, HostState
 from sexpgpu.devices.collectives import sum_over_ranks
 from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
 from sexpgpu.ir.compile import ParamInfo
-from sexpgpu.runtime.oom import FailureInjector, SplitState, call_with_retry
+from sexpgpu.runtime.oom import SplitState, call_with_retry
 
 __all__ = ["Kernels", "SummingKernels", "Sums", "TrainState", "summed"]
 
@@ -108,24 +108,15 @@ class TrainState:
         The run's graphs on the device.
     xp
         The device's arrays.
-    inject
-        Simulated allocation failures, for tests: checked before each training step.
     """
 
-    def __init__(
-        self,
-        kernels: Kernels,
-        xp: ArrayOps = NUMPY,
-        *,
-        inject: FailureInjector | None = None,
-    ) -> None:
+    def __init__(self, kernels: Kernels, xp: ArrayOps = NUMPY) -> None:
         self.kernels, self.xp = kernels, xp
         self.params: Mapping[str, ParamInfo] = kernels.params
         self.values: dict[str, Any] = {}  # parameter arrays on the device
         self.optimizer: Optimizer | None = None
         self.events: list[str] = []
         self._split = SplitState()
-        self.inject = inject
         self._sums: Sums | None = None
         self._peak = 0
 
@@ -165,8 +156,6 @@ class TrainState:
         self._take_events()
 
     def _train(self, batch: Mapping[str, np.ndarray]) -> Sums:
-        if self.inject is not None:
-            self.inject.check()
         return self.kernels.accumulate(self.values, batch, self._sums)
 
     def local_grad_norm(self) -> float:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
-
-from sexpgpu.runtime.oom import FailureInjector
 
 from .args import (
     check_chi_out,
@@ -33,7 +32,7 @@ from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
 from .trains import Stack, normalize_stack, unpad
 
-__all__ = ["apply", "compress", "run_stack", "src"]
+__all__ = ["StackCall", "apply", "compress", "run_stack", "src"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,44 +40,49 @@ logger = logging.getLogger(__name__)
 MIN_SWEEP_SITES = 3
 
 
-def run_stack(
-    fn: str,
-    trains: Sequence[Any],
-    names: Sequence[str],
-    chi_out: object,
-    cutoff: object,
-    oversample: object,
-    dtype: DTypeLike | None,
-    seed: object,
-    device: object,
-    resources: object,
-    out: object = None,
-    *,
-    backend: str | None = None,
-    inject: FailureInjector | None = None,
-) -> Any:
-    """Validate every argument, then run the exact path or the sweep.
+@dataclass(frozen=True)
+class StackCall:
+    """One call of `src`, `apply`, `compress` or `compress_network`, as its caller wrote it.
 
-    The engine behind `src`, `apply` and `compress`. Beside their arguments it
-    takes ``backend="torch"`` (on the CPU, run the GPU code path on PyTorch's
-    CPU device) and ``inject`` (a `FailureInjector` whose simulated
-    allocation failures the kernels meet), both for tests.
+    `fn` names the public function (for messages), `names` each train (in
+    messages, ``trains[0]`` or ``left_tensor``); the other fields are the
+    public arguments of the same names, not yet checked (`run_stack` checks them).
     """
-    chi = check_chi_out(fn, chi_out)
-    cut = check_cutoff(fn, cutoff)
-    size = sketch_size(fn, chi, oversample)
+
+    fn: str
+    trains: Sequence[Any]
+    names: Sequence[str]
+    chi_out: object
+    cutoff: object
+    oversample: object
+    dtype: DTypeLike | None
+    seed: object
+    device: object
+    resources: object
+    out: object
+
+
+def run_stack(call: StackCall) -> Any:
+    """Validate every argument of `call`, then run the exact path or the sweep.
+
+    The engine behind `src`, `apply`, `compress` and `compress_network`.
+    """
+    fn, seed, out = call.fn, call.seed, call.out
+    chi = check_chi_out(fn, call.chi_out)
+    cut = check_cutoff(fn, call.cutoff)
+    size = sketch_size(fn, chi, call.oversample)
     check_seed(fn, seed)
-    opened = open_trains(trains, fn, names)
-    where = check_device(fn, device, opened.on_gpu)
-    res = check_resources(fn, resources) or Resources()
+    opened = open_trains(call.trains, fn, call.names)
+    where = check_device(fn, call.device, opened.on_gpu)
+    res = check_resources(fn, call.resources) or Resources()
     check_out(fn, out)
-    backends = backends_for(fn, where, res, backend)
+    backends = backends_for(fn, where, res)
     config = node_config(res, where, [xp.device.index for xp in backends])
     # Every node validates inside the link: one that fails leaves it, so the
     # others stop at once instead of waiting for it.
     with open_nodes(fn, config) as link:
-        stack: Stack = normalize_stack(opened.trains, fn, names)
-        sketch = sketch_dtype(dtype, stack.dtype, fn)
+        stack: Stack = normalize_stack(opened.trains, fn, call.names)
+        sketch = sketch_dtype(call.dtype, stack.dtype, fn)
         work = work_dtype(sketch, stack.dtype)
         problem = {
             "function": fn,
@@ -120,7 +124,6 @@ def run_stack(
                 resources=res,
                 backends=backends,
                 out=out,
-                inject=inject,
                 link=link,
             )
     if out is not None or result is None:
@@ -243,9 +246,20 @@ def src(
     >>> psi2 = src(U2, U1, psi, chi_out=64, seed=0)  # U2 U1 |psi>  # doctest: +SKIP
     """
     names = [f"trains[{i}]" for i in range(len(trains))]
-    return run_stack(
-        "src", trains, names, chi_out, cutoff, oversample, dtype, seed, device, resources, out
+    call = StackCall(
+        "src",
+        trains,
+        names,
+        chi_out,
+        cutoff=cutoff,
+        oversample=oversample,
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        resources=resources,
+        out=out,
     )
+    return run_stack(call)
 
 
 def apply(
@@ -298,19 +312,20 @@ def apply(
             f"got a first site of rank {first}; for an MPS on the left use "
             "src(phi, mpo, chi_out=...)."
         )
-    return run_stack(
+    call = StackCall(
         "apply",
         (left_tensor, right_tensor),
         ("left_tensor", "right_tensor"),
         chi_out,
-        cutoff,
-        oversample,
-        dtype,
-        seed,
-        device,
-        resources,
-        out,
+        cutoff=cutoff,
+        oversample=oversample,
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        resources=resources,
+        out=out,
     )
+    return run_stack(call)
 
 
 def compress(
@@ -349,19 +364,20 @@ def compress(
     TypeError, ValueError
         As in `src`.
     """
-    return run_stack(
+    call = StackCall(
         "compress",
         (tensor,),
         ("tensor",),
         chi_out,
-        cutoff,
-        oversample,
-        dtype,
-        seed,
-        device,
-        resources,
-        out,
+        cutoff=cutoff,
+        oversample=oversample,
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        resources=resources,
+        out=out,
     )
+    return run_stack(call)
 
 
 def _first_rank(train: object) -> int | None:

@@ -23,7 +23,6 @@ from sexpgpu.runtime.devices import Device
 from sexpgpu.runtime.group import DeviceGroup
 from sexpgpu.runtime.memory import detect_budget
 from sexpgpu.runtime.nodes import NodeLink
-from sexpgpu.runtime.oom import FailureInjector
 from sexpgpu.runtime.units import format_bytes
 
 from .backend import Backend, NumpyBackend, TorchBackend
@@ -49,9 +48,7 @@ _DEVICE_MARGIN = 0.05
 _LARGE_INPUT = 0.5
 
 
-def backends_for(
-    fn: str, device: str, resources: Resources, backend: str | None = None
-) -> list[Backend]:
+def backends_for(fn: str, device: str, resources: Resources) -> list[Backend]:
     """One backend per rank: NumPy or PyTorch, on the CPU (simulated ranks) or GPUs.
 
     Parameters
@@ -62,9 +59,6 @@ def backends_for(
         The checked device.
     resources : Resources
         ``devices`` names the ranks (``None``: one).
-    backend : {"numpy", "torch"}, optional
-        On the CPU, which backend the simulated ranks use (default NumPy);
-        ``"torch"`` runs the GPU code path on PyTorch's CPU device.
 
     Raises
     ------
@@ -73,8 +67,7 @@ def backends_for(
     """
     ids = resources.device_ids
     if device == "cpu":
-        make = TorchBackend if backend == "torch" else NumpyBackend
-        return [make(Device("cpu", i)) for i in ids or (0,)]
+        return [NumpyBackend(Device("cpu", i)) for i in ids or (0,)]
     import torch
 
     count = torch.cuda.device_count()
@@ -131,7 +124,6 @@ def execute(
     resources: Resources,
     backends: Sequence[Backend],
     out: object = None,
-    inject: FailureInjector | None = None,
     link: NodeLink | None = None,
 ) -> list[Any] | None:
     """Plan and run one sweep over ``backends``; the result in quimb's layout.
@@ -178,7 +170,6 @@ def execute(
         plan=plan,
         scratch_dir=resources.scratch_path,
         sink=swept,
-        inject=inject,
     )
     try:
         reports = _run_ranks(backends, job, resources.device_ids is not None, wire)

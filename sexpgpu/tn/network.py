@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .api import run_stack
+from .api import StackCall, run_stack
 from .interop import QuimbTrain, build_quimb, site_data
 from .resources import Resources
 
@@ -84,18 +84,20 @@ def compress_network(
     """
     layers, keep = _layers(tn)
     names = [f"tn layer {i}" for i in range(len(layers))]
-    cores = run_stack(
+    call = StackCall(
         "compress_network",
         layers,
         names,
         chi_out,
-        cutoff,
-        oversample,
-        dtype,
-        seed,
-        device,
-        resources,
+        cutoff=cutoff,
+        oversample=oversample,
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        resources=resources,
+        out=None,
     )
+    cores = run_stack(call)
     result = build_quimb(cores, keep.kind, keep, keep)
     return result
 

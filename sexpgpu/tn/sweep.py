@@ -46,11 +46,10 @@ from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 from time import perf_counter
-from typing import Any
 
 import numpy as np
 
-from sexpgpu.runtime.oom import FailureInjector, SplitState, add_up, run_with_split
+from sexpgpu.runtime.oom import SplitState, add_up, run_with_split
 
 from .backend import Array, Backend
 from .comm import Context
@@ -88,8 +87,6 @@ class SweepJob:
         Where environments on disk go.
     sink : CoreSink
         Receives the output cores (rank 0 writes).
-    inject : FailureInjector, optional
-        Simulated allocation failures, for tests.
     """
 
     stack: Stack
@@ -99,7 +96,6 @@ class SweepJob:
     plan: Plan
     scratch_dir: Path
     sink: CoreSink
-    inject: FailureInjector | None = None
 
 
 @dataclass
@@ -130,18 +126,6 @@ def sweep_rank(ctx: Context, xp: Backend, job: SweepJob) -> RankReport:
     return RankReport(xp.device_peak(), peaks, env_state.events + row_state.events)
 
 
-def _checked(job: SweepJob, fn: Callable[[Any], Array]) -> Callable[[Any], Array]:
-    """``fn`` with the job's failure injector consulted first (tests)."""
-    if job.inject is None:
-        return fn
-
-    def guarded(piece: Any) -> Array:
-        job.inject.check(len(piece[0]) if isinstance(piece, tuple) else len(piece))
-        return fn(piece)
-
-    return guarded
-
-
 def _left_to_right(
     ctx: Context,
     xp: Backend,
@@ -162,7 +146,10 @@ def _left_to_right(
         omega = job.sketches.take(j, up, down)[lo:hi]
         omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)
         out = xp.empty((cols, *(c.shape[1] for c in cores)), job.work)
-        kernel = _checked(job, lambda piece, cores=cores: env_step(xp, piece[0], piece[1], cores))
+
+        def kernel(piece: tuple[Array, Array], cores: list[Array] = cores) -> Array:
+            return env_step(xp, piece[0], piece[1], cores)
+
         for a, b in row_blocks(cols, plan.env_tile):
             part = run_with_split(
                 kernel, (env[a:b], omega[a:b]), state, what=f"site {j}'s left-to-right product"
@@ -285,15 +272,17 @@ def _rtl_step(
         z = right_block(xp, rows, cores)
         return z.reshape(z.shape[0] * ud, -1)
 
-    z_kernel = _checked(job, z_of)
     what = f"site {j}'s right-to-left product"
     held, parts = [], []
     for a, b in blocks:
         if plan.hold_z:
-            held.append(run_with_split(z_kernel, proj[a:b], state, what=what))
+            held.append(run_with_split(z_of, proj[a:b], state, what=what))
             parts.append(xp.dot(held[-1], env_t))
         else:
-            y_kernel = _checked(job, lambda rows: xp.dot(z_of(rows), env_t))
+
+            def y_kernel(rows: Array) -> Array:
+                return xp.dot(z_of(rows), env_t)
+
             parts.append(run_with_split(y_kernel, proj[a:b], state, what=what))
     y_mine = xp.concat(parts)  # (e u d, s_r)
     del parts
@@ -361,8 +350,7 @@ def _project(
                 qm = xp.contiguous(xp.permute(q_piece, (1, 0, 2))).reshape(-1, n * ud)
                 return xp.dot(qm, z_of(rows))
 
-            checked = _checked(job, kernel)
-            part = run_with_split(checked, (proj[a:b], q_rows), state, add_up, what=what)
+            part = run_with_split(kernel, (proj[a:b], q_rows), state, add_up, what=what)
         total = part if total is None else total + part
     assert total is not None
     return total

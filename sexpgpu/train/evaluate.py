@@ -52,7 +52,6 @@ def evaluate_trained(
     batches: int | None = None,
     device: str | None = None,
     environ: Mapping[str, str] | None = None,
-    backend: Any = None,
 ) -> Evaluation:
     """Evaluate a `sexpgpu.train.trained.Trained` on one device as its run evaluates.
 
@@ -64,7 +63,7 @@ def evaluate_trained(
         A ``defdata`` of the experiment to evaluate on (default the run's).
     batches
         Eval batches (default the run's ``:eval :batches``, else 20).
-    device, environ, backend
+    device, environ
         As `sexpgpu.train.runner.prepare_run`; the first local device is used.
     """
     from sexpgpu.devices.base import get_device
@@ -82,7 +81,7 @@ def evaluate_trained(
             hint="give the number of eval batches, e.g. --batches 20",
         )
     config = RuntimeConfig.from_env(os.environ if environ is None else environ, device=device)
-    backend = backend or get_device(config.device)
+    backend = get_device(config.device)
     loader = make_loader(dataset, batch=s.batch, microbatches=s.microbatches, seed=s.seed)
     _check_fields(loader.fields, compiled.inputs, dataset)
     plan = backend.plan(compiled, moments=moment_count(s.optimizer), ranks=1, memory=config.memory)

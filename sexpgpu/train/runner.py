@@ -51,7 +51,6 @@ def prepare_run(
     on_step: Callable[[StepReport], None] | None = None,
     environ: Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    backend: Any = None,
 ) -> Trainer:
     """Load, check and compile a run of an experiment file; return its `Trainer`.
 
@@ -78,10 +77,6 @@ def prepare_run(
         The environment (default ``os.environ``): device and node variables.
     storage_options
         fsspec options for remote checkpoint locations.
-    backend
-        A `sexpgpu.devices.base.Device` to use instead of the one `device`
-        names, such as ``CudaDevice("cpu")``: the cuda lowering on PyTorch's
-        CPU device, for tests.
     """
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import plan_run
@@ -91,7 +86,7 @@ def prepare_run(
     from sexpgpu.runtime.config import RuntimeConfig
 
     config = RuntimeConfig.from_env(os.environ if environ is None else environ, device=device)
-    backend = backend or get_device(config.device)
+    backend = get_device(config.device)
     devices = [str(d) for d in config.local_devices]
     experiment = load_experiment(path, variant, sets)
     rundef = experiment.run(run)

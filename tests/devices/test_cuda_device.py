@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from device_seam import device_named
 
 from sexpgpu.devices.cuda.device import CudaDevice
 from sexpgpu.runtime.oom import FailureInjector
@@ -61,8 +62,9 @@ def _backend(kind: str) -> CudaDevice | None:
 
 
 def _run(path: Path, out: Path, kind: str, **kw):
-    trainer = prepare_run(path, out=out, backend=_backend(kind), **kw)
-    return trainer, trainer.run()
+    with device_named("cpu", _backend(kind)):
+        trainer = prepare_run(path, out=out, **kw)
+        return trainer, trainer.run()
 
 
 @pytest.mark.parametrize("kind", ["torch-cpu", pytest.param("cuda", marks=GPU)])
@@ -119,13 +121,21 @@ def test_checkpoints_cross_devices(tmp_path: Path, first: str, second: str) -> N
 
 def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path) -> None:
     path = _file(tmp_path)
-    trainer = prepare_run(path, out=tmp_path / "run", backend=CudaDevice("cpu"))
+    with device_named("cpu", CudaDevice("cpu")):
+        trainer = prepare_run(path, out=tmp_path / "run")
     inject = FailureInjector(calls=[3])
     make = trainer.make_program
 
     def injected(rank):
+        # The seam: the device's graphs, which the step retries when they fail.
         program = make(rank)
-        program.inject = inject
+        accumulate = program.kernels.accumulate
+
+        def failing(*args):
+            inject.check()
+            return accumulate(*args)
+
+        program.kernels.accumulate = failing
         return program
 
     trainer.make_program = injected

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from device_seam import device_named
 
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.errors import SexpgpuError
@@ -161,8 +162,9 @@ def test_a_fused_run_equals_the_interpreter(tmp_path: Path) -> None:
     path = tmp_path / "mlp.lisp"
     path.write_text(text)
     runs = {}
-    for name, backend in [("cpu", None), ("fused", CudaDevice("cpu", fuse=True))]:
-        trainer = prepare_run(path, out=tmp_path / name, backend=backend)
+    for name, device in [("cpu", None), ("fused", CudaDevice("cpu", fuse=True))]:
+        with device_named("cpu", device):
+            trainer = prepare_run(path, out=tmp_path / name)
         trainer.run()
         values = read_series(tmp_path / name, "train/loss")
         runs[name] = [values[s] for s in sorted(values)]
@@ -179,8 +181,9 @@ def test_a_stacked_fused_run_equals_the_interpreter(tmp_path: Path, monkeypatch)
     path = tmp_path / "mlp.lisp"
     path.write_text(MLP.replace(":steps 4", ":steps 4 :microbatches 4"))
     runs = {}
-    for name, backend in [("cpu", None), ("fused", CudaDevice("cpu", fuse=True))]:
-        prepare_run(path, out=tmp_path / name, backend=backend).run()
+    for name, device in [("cpu", None), ("fused", CudaDevice("cpu", fuse=True))]:
+        with device_named("cpu", device):
+            prepare_run(path, out=tmp_path / name).run()
         values = read_series(tmp_path / name, "train/loss")
         runs[name] = [values[s] for s in sorted(values)]
     np.testing.assert_allclose(runs["fused"], runs["cpu"], rtol=1e-5)

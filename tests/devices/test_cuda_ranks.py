@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from sexpgpu.devices.base import DEVICES  # noqa: E402
 from sexpgpu.devices.cuda.device import CudaDevice  # noqa: E402
 from sexpgpu.train import prepare_run  # noqa: E402
 from sexpgpu.train.metrics import read_series  # noqa: E402
@@ -36,12 +37,12 @@ def _train(tmp_path: Path, name: str, devices: str, monkeypatch) -> tuple[list[f
     # Each measured choice would be remembered beside the user's.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     environ = {"SEXPGPU_DEVICES": devices}
+    monkeypatch.setitem(DEVICES, "cpu", lambda: CudaDevice("cpu", fuse=True))
     trainer = prepare_run(
         path,
         out=tmp_path / name,
         device="cpu",
         environ=environ,
-        backend=CudaDevice("cpu", fuse=True),
     )
     programs = []
     make = trainer.make_program

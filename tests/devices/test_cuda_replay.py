@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from device_seam import device_named
 
 torch = pytest.importorskip("torch")
 
@@ -97,7 +98,8 @@ def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monke
     for name in ("replayed", "plain"):
         if name == "plain":
             monkeypatch.setattr(Replay, "__call__", lambda self, key, queue: queue())
-        prepare_run(path, out=tmp_path / name, backend=CudaDevice("cuda")).run()
+        with device_named("cpu", CudaDevice("cuda")):
+            prepare_run(path, out=tmp_path / name).run()
         values = read_series(tmp_path / name, "train/loss")
         runs[name] = np.array([values[s] for s in sorted(values)])
         notes[name] = (tmp_path / name / "metrics.jsonl").read_text()

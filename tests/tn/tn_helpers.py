@@ -5,6 +5,8 @@ The references use only NumPy (einsum on dense arrays), never sexpgpu.tn.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 KINDS = {2: "mps", 3: "mpo"}
@@ -131,6 +133,44 @@ def make_stack(shape, n, rng, dtype=np.float64, chi=6, bond=2, decay=0.0):
     ]
 
 
+@contextmanager
+def wrapped_seams(backend=None, inject=None):
+    """Run tn's sweep on other arrays or under simulated allocation failures, for tests.
+
+    The product has no switch for either: this wraps the seams instead.
+    ``backend="torch"`` makes `backends_for` give the cpu ranks PyTorch's CPU
+    device (the GPU code path); ``inject`` (a `FailureInjector`) is consulted
+    by every piece `run_with_split` computes, with the piece's row count.
+    """
+    from sexpgpu.runtime.devices import Device
+    from sexpgpu.tn import api, engine, sweep
+
+    real_backends, real_split = api.backends_for, sweep.run_with_split
+
+    def torch_on_cpu(fn, device, resources):
+        made = real_backends(fn, device, resources)
+        if device != "cpu":
+            return made
+        # engine's name, looked up now: a test may have wrapped it in turn
+        return [engine.TorchBackend(Device("cpu", xp.device.index)) for xp in made]
+
+    def failing(fn, batch, state, *args, **kw):
+        def guarded(piece):
+            inject.check(len(piece[0]) if isinstance(piece, tuple) else len(piece))
+            return fn(piece)
+
+        return real_split(guarded, batch, state, *args, **kw)
+
+    if backend == "torch":
+        api.backends_for = torch_on_cpu
+    if inject is not None:
+        sweep.run_with_split = failing
+    try:
+        yield
+    finally:
+        api.backends_for, sweep.run_with_split = real_backends, real_split
+
+
 def run_src(
     stack,
     chi,
@@ -144,22 +184,22 @@ def run_src(
     oversample=1.0,
     out=None,
 ):
-    """`src` through its engine, with the test-only `backend` and `inject` arguments."""
-    from sexpgpu.tn.api import run_stack
+    """`src` through its engine, on the arrays `backend` names and under `inject`'s failures."""
+    from sexpgpu.tn.api import StackCall, run_stack
 
     names = [f"trains[{i}]" for i in range(len(stack))]
-    return run_stack(
+    call = StackCall(
         "src",
         stack,
         names,
         chi,
-        cutoff,
-        oversample,
-        None,
-        seed,
-        device,
-        resources,
-        out,
-        backend=backend,
-        inject=inject,
+        cutoff=cutoff,
+        oversample=oversample,
+        dtype=None,
+        seed=seed,
+        device=device,
+        resources=resources,
+        out=out,
     )
+    with wrapped_seams(backend, inject):
+        return run_stack(call)

@@ -339,7 +339,8 @@ class Recomputation:
     def line(self, plan: str) -> str:
         """``recompute: 412 values, +18% FLOPs, plan 31.2 of 40.0 GiB`` (`plan` the last part)."""
         extra = 100.0 * (self.flops - self.base_flops) / self.base_flops if self.base_flops else 0.0
-        return f"recompute: {self.values} values, {extra:+.0f}% FLOPs, {plan}"
+        shown = f"{extra:+.1f}" if abs(extra) < 10 else f"{extra:+.0f}"  # +0.4%: cheap values
+        return f"recompute: {self.values} values, {shown}% FLOPs, {plan}"
 
 
 def fit(

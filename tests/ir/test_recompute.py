@@ -104,3 +104,16 @@ def test_the_interpreter_peaks_lower_on_the_rewritten_graph(variant):
     plain(feeds)
     recomputing(feeds)
     assert recomputing.last_peak_bytes < 0.8 * plain.last_peak_bytes
+
+
+def test_the_report_line():
+    from sexpgpu.ir.recompute import Recomputation
+
+    graph = _train_graph().train_graph
+    small = Recomputation(graph, 12, 1004, 1000, True)
+    assert small.line("plan 3.0 GiB of 4.0 GiB") == (
+        "recompute: 12 values, +0.4% FLOPs, plan 3.0 GiB of 4.0 GiB"
+    )
+    assert Recomputation(graph, 412, 1180, 1000, True).line("plan 31.2 of 40.0 GiB") == (
+        "recompute: 412 values, +18% FLOPs, plan 31.2 of 40.0 GiB"
+    )

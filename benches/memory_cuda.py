@@ -206,7 +206,7 @@ def torch_step(s: dict, args: argparse.Namespace, dev):
 
     def rope(x, cos, sin):
         x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
     class Llama(nn.Module):
         def __init__(self) -> None:

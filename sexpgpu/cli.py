@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "run": "train a run of an experiment file and write its run directory",
     "plot": "draw a run's train and eval loss against the step into a PNG",
     "sample": "continue a prompt with a trained language model (seeded)",
+    "export": "write a checkpoint as a Hugging Face transformers folder (GPT-2, Llama)",
     "eval": "evaluate a checkpoint: loss, perplexity, accuracy (and one JSON line)",
     "explain": "print the IR of a run's training graph, with its parameters, FLOPs and memory",
 }

@@ -124,6 +124,8 @@ CODES: dict[str, str] = {
     # using a trained model
     "E-SAMPLE-001": "the run's model is not a language model sample can continue",
     "E-SAMPLE-002": "the prompt does not encode into the model's vocabulary",
+    "E-HF-001": "the model maps to no architecture transformers knows (the first mismatch named)",
+    "E-HF-002": "a transformers folder does not match the experiment's model, or cannot be read",
     # plotting
     "E-PLOT-001": "plot needs matplotlib (the `plot` extra)",
     "E-PLOT-002": "run directory has no metrics to plot",

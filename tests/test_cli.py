@@ -2,7 +2,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sexpgpu.cli import main
+import pytest
+
+from sexpgpu.cli import COMMANDS, main
 
 
 def test_bad_arguments_render_an_error_without_traceback(capsys):
@@ -33,3 +35,12 @@ def test_a_closed_pipe_ends_the_command_quietly():
     err = proc.stderr.read()
     assert b"Traceback" not in err
     assert b"internal error" not in err
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_has_a_users_help_with_two_examples(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and out.count(f"  sexpgpu {command} ") >= 2, out
+    assert "options:" in out and '"""' not in out

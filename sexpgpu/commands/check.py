@@ -172,6 +172,18 @@ def render_report(
     return "\n".join(out)
 
 
+DESCRIPTION = """\
+Read and check an experiment file without running it, and print it resolved:
+every parameter (after the variant and --set), data set, function, model and
+run, with the model's parameters, FLOPs and a memory estimate. Errors are
+printed with their code, position and a hint."""
+
+EPILOG = """\
+examples:
+  sexpgpu check examples/gpt.lisp --variant smoke
+  sexpgpu check examples/mlp.lisp --set hidden=256 --run train"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `sexpgpu check`."""
     add_experiment_options(parser, "describe only this run")

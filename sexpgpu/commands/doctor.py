@@ -40,6 +40,18 @@ class Check:
     fix: str = ""
 
 
+DESCRIPTION = """\
+Check that this machine meets the floor for a device: Python and NumPy for
+cpu; PyTorch with CUDA, GPUs of compute capability 8.0 or newer and valid
+SEXPGPU_* variables for cuda. Each check says what was found and how to fix
+what is missing; the exit status is 1 when the floor is not met."""
+
+EPILOG = """\
+examples:
+  sexpgpu doctor --device cpu
+  sexpgpu doctor --device cuda      (SEXPGPU_DEVICES=0,1 checks those two GPUs)"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `sexpgpu doctor`."""
     parser.add_argument(

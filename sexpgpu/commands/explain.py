@@ -95,6 +95,17 @@ def _recompute_lines(compiled: CompiledRun, run: RunDef, environ: Mapping[str, s
     return lines
 
 
+DESCRIPTION = """\
+Print the IR of a run's training graph (loss and gradients) or evaluation
+graph, after the passes, with each node's source position, the parameters,
+FLOPs and memory; with --device cuda also the lowering report and plan."""
+
+EPILOG = """\
+examples:
+  sexpgpu explain examples/mlp.lisp
+  sexpgpu explain examples/gpt.lisp --variant smoke --graph eval --no-spans --device cuda"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_experiment_options(parser, "the run to explain (default: the only one)")
     parser.add_argument(

@@ -11,6 +11,15 @@ from sexpgpu.train.metrics import read_metrics
 __all__ = ["add_arguments", "main", "plot_losses"]
 
 
+DESCRIPTION = """\
+Draw a run's metrics into a PNG: the train and eval loss against the step."""
+
+EPILOG = """\
+examples:
+  sexpgpu plot runs/train
+  sexpgpu plot runs/train -o loss.png"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `sexpgpu plot`."""
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with metrics.jsonl")

@@ -18,6 +18,20 @@ from sexpgpu.train.runner import prepare_run
 __all__ = ["add_arguments", "duration", "main"]
 
 
+DESCRIPTION = """\
+Train a run of an experiment file: compile it, then step, evaluate and
+checkpoint as its defrun says, on the cpu (the IR interpreter) or on GPUs.
+Records go to the run folder (default runs/RUN-NAME): metrics.jsonl,
+status.json, run.json and checkpoints/step-N. --set changes a defparams value
+after the variant; --resume continues a run; --init-from starts from a Hugging
+Face transformers folder; --log mirrors the metrics to TensorBoard or W&B."""
+
+EPILOG = """\
+examples:
+  sexpgpu run examples/gpt.lisp --variant smoke --steps 200
+  sexpgpu run examples/gpt.lisp --variant smoke --set lr=3e-4 --resume latest --steps 300"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of `sexpgpu run`."""
     add_experiment_options(parser, "the defrun to train (default: the only one)")
@@ -31,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue from the newest complete checkpoint, or from a step-N folder",
     )
     parser.add_argument("--out", metavar="DIR", help="the run directory (default runs/RUN-NAME)")
+    parser.add_argument(
+        "--init-from",
+        metavar="DIR",
+        help="start from a transformers folder (GPT-2 or Llama) of the model's sizes",
+    )
 
 
 def duration(seconds: float) -> str:
@@ -126,6 +145,7 @@ def main(args: argparse.Namespace) -> int:
         out=args.out,
         resume=args.resume,
         device=args.device,
+        init_from=args.init_from,
     )
     steps = trainer.settings.steps
     if args.out is None and args.resume is None and trainer.run_dir.name != trainer.run_name:

@@ -64,7 +64,8 @@ class HostState:
     moments
         The optimizer's moments, ``"<moment>/<param>"`` -> float32 array.
     optimizer
-        The optimizer's JSON-able scalars (name, step count, options).
+        The optimizer's JSON-able scalars (name, step count, options); empty
+        for parameters alone (a run started from them makes a fresh optimizer).
     """
 
     params: dict[str, np.ndarray]

@@ -132,7 +132,7 @@ class TrainState:
         )
         host = self.kernels.init_params(seed) if state is None else state.params
         self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in self.params}
-        if state is not None:
+        if state is not None and state.optimizer:  # parameters alone start a fresh optimizer
             self.optimizer.load(state.moments, state.optimizer)
 
     def host_params(self) -> dict[str, np.ndarray]:

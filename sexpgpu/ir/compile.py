@@ -244,13 +244,19 @@ def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
     return compiled
 
 
-def output_graph(experiment: Experiment, run: RunDef, batch: int = 1) -> Graph | None:
+def output_graph(
+    experiment: Experiment, run: RunDef, batch: int = 1, dtype: str | None = None
+) -> Graph | None:
     """The model's output alone, traced at `batch` rows: what sampling and export run.
 
     Its inputs are the data fields the output reads (not the loss's targets),
     its parameters all of the run's; None when the loss calls no model.
+    `dtype` replaces the run's compute dtype (``"f32"`` for exact comparisons).
     """
-    trace = trace_run(experiment, dataclasses.replace(run, batch=batch))
+    changes: dict[str, object] = {"batch": batch}
+    if dtype is not None:
+        changes["dtype"] = dtype
+    trace = trace_run(experiment, dataclasses.replace(run, **changes))
     if trace.output is None:
         return None
     graph = Graph.of({"output": trace.output}, trace.param_nodes.values())

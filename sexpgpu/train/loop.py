@@ -89,6 +89,12 @@ class Trainer:
     runtime
         The node variables (`RuntimeConfig`: node count and rank, rendezvous,
         gradient dtype, timeout); None: one node.
+    sets
+        The ``--set`` values, recorded in checkpoints.
+    init
+        Parameters a fresh run starts from instead of its initializers.
+    record
+        More of the run for a new ``run.json`` (``--set`` values, ``--init-from``).
     """
 
     def __init__(
@@ -110,6 +116,8 @@ class Trainer:
         storage_options: Mapping[str, Any] | None = None,
         runtime: RuntimeConfig | None = None,
         sets: Mapping[str, Any] | None = None,
+        init: Mapping[str, Any] | None = None,
+        record: Mapping[str, Any] | None = None,
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
         self.runtime = runtime or RuntimeConfig()
@@ -121,6 +129,8 @@ class Trainer:
         self.resume, self.on_step = resume, on_step
         self.storage_options = storage_options
         self.sets = dict(sets or {})
+        self.init = init
+        self.record = dict(record or {})
         self.location = self._location()
 
     def _location(self) -> Location | None:
@@ -216,6 +226,7 @@ class Trainer:
             link=link,
             carry=carry,
             sets=self.sets,
+            init=self.init,
         )
 
     def _open_folder(self) -> RunClaim:
@@ -228,7 +239,7 @@ class Trainer:
             self.run_name,
             resume=self.resume is not None,
             checkpoint_hashes=hashes,
-            record={"sets": self.sets} if self.sets else {},
+            record=self.record,
         )
 
     def _open_metrics(self, resumed: int | None) -> MetricsLog:

@@ -87,6 +87,8 @@ class RunContext:
         This node's bf16 rounding error, summed into its next contribution.
     sets
         The ``--set`` values, recorded in checkpoints.
+    init
+        The parameters a fresh run starts from (``--init-from``), or None.
     """
 
     settings: RunSettings
@@ -102,6 +104,7 @@ class RunContext:
     link: NodeLink = field(default_factory=NodeLink)
     carry: GradientCarry | None = None
     sets: Mapping[str, Any] = field(default_factory=dict)
+    init: Mapping[str, np.ndarray] | None = None
 
 
 def carry_key(node: int) -> str:
@@ -140,7 +143,8 @@ class RankLoop:
         self.loader = loader
         if ckpt is None:
             self.start = 0
-            program.start(s.optimizer, seed=s.seed, state=None)
+            first = None if run.init is None else HostState(dict(run.init))
+            program.start(s.optimizer, seed=s.seed, state=first)
         else:
             self.start = ckpt.step
             state = HostState(ckpt.params, ckpt.optimizer, ckpt.state["optimizer"])

@@ -51,6 +51,7 @@ def prepare_run(
     on_step: Callable[[StepReport], None] | None = None,
     environ: Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    init_from: str | Path | None = None,
 ) -> Trainer:
     """Load, check and compile a run of an experiment file; return its `Trainer`.
 
@@ -77,6 +78,9 @@ def prepare_run(
         The environment (default ``os.environ``): device and node variables.
     storage_options
         fsspec options for remote checkpoint locations.
+    init_from
+        ``--init-from``: a transformers folder whose parameters a fresh run
+        starts from (`sexpgpu.train.hf.read_hf`).
     """
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import plan_run
@@ -100,6 +104,10 @@ def prepare_run(
     settings = RunSettings.from_run(rundef, steps)
     compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
     _check_trainable(compiled, rundef)
+    init, record = None, {"sets": dict(experiment.sets)} if experiment.sets else {}
+    if init_from is not None:
+        init = _init_from(init_from, resume, experiment, rundef, compiled)
+        record["init_from"] = str(Path(init_from).resolve())
     moments = moment_count(settings.optimizer)
     fitted = plan_run(
         backend,
@@ -133,7 +141,26 @@ def prepare_run(
         storage_options=storage_options,
         runtime=config,
         sets=experiment.sets,
+        init=init,
+        record=record,
     )
+
+
+def _init_from(
+    folder: str | Path, resume: str | None, experiment: Any, run: Any, compiled: Any
+) -> dict[str, Any]:
+    """The parameters of a transformers folder (E-CLI-001 with --resume; E-HF-*)."""
+    from sexpgpu.train.hf import read_hf
+
+    if resume is not None:
+        raise SexpgpuError(
+            "E-CLI-001",
+            "--init-from starts a run; --resume continues one from its checkpoint",
+            "--init-from",
+            hint="drop --init-from to resume, or --resume to start from the folder",
+        )
+    shapes = {key: info.shape for key, info in compiled.params.items()}
+    return read_hf(folder, experiment, run, shapes)
 
 
 def run_experiment(path: str | Path, **options: Any) -> RunSummary:

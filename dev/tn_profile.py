@@ -412,7 +412,7 @@ def _uploads_of(mib: int) -> None:
 
 
 def thin(chi: int) -> None:
-    from sexpgpu.tn.kernels import right_block
+    from sexpgpu.tn.contractions import right_block
 
     xp = backend.TorchBackend(Device("cuda", 0))
     for dtype in (torch.complex64, torch.complex128):

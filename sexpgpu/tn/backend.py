@@ -177,7 +177,7 @@ class Backend:
         ``z`` is ``(E, R, L, X, Y)`` with any strides, ``g`` a small ``(M, R,
         Y, W)``; the result is C-contiguous with the axes ``(e, x, w, l,
         m)`` in the order ``axes`` (their positions). None where this backend
-        has no kernel for it: the caller multiplies and rearranges instead
+        has no routine for it: the caller multiplies and rearranges instead
         (`sexpgpu.tn.thin`).
         """
         return None

@@ -32,7 +32,7 @@ import numpy as np
 
 from sexpgpu.runtime.units import MiB, format_bytes
 
-from .kernels import env_peak_per_column
+from .contractions import env_peak_per_column
 from .trains import Stack
 
 __all__ = [

@@ -53,8 +53,8 @@ from sexpgpu.runtime.oom import SplitState, add_up, run_with_split
 
 from .backend import Array, Backend
 from .comm import Context
+from .contractions import env_step, right_block
 from .feed import site_feed
-from .kernels import env_step, right_block
 from .plan import Plan, column_blocks, cut_ranks, row_blocks
 from .sink import CoreSink, CoreWriter
 from .sketch import SharedSketches
@@ -147,12 +147,12 @@ def _left_to_right(
         omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)
         out = xp.empty((cols, *(c.shape[1] for c in cores)), job.work)
 
-        def kernel(piece: tuple[Array, Array], cores: list[Array] = cores) -> Array:
+        def per_piece(piece: tuple[Array, Array], cores: list[Array] = cores) -> Array:
             return env_step(xp, piece[0], piece[1], cores)
 
         for a, b in row_blocks(cols, plan.env_tile):
             part = run_with_split(
-                kernel, (env[a:b], omega[a:b]), state, what=f"site {j}'s left-to-right product"
+                per_piece, (env[a:b], omega[a:b]), state, what=f"site {j}'s left-to-right product"
             )
             xp.copy_into(out[a:b], part)
             del part
@@ -160,7 +160,7 @@ def _left_to_right(
         store.put(j + 1, env)
         if j in plan.resident:
             resident[j] = cores
-        del cores, omega, kernel
+        del cores, omega, per_piece
         logger.debug("rank %d: left-to-right: site %d of %d", ctx.rank, j + 1, stack.n_sites - 1)
 
 
@@ -280,10 +280,10 @@ def _rtl_step(
             parts.append(xp.dot(held[-1], env_t))
         else:
 
-            def y_kernel(rows: Array) -> Array:
+            def y_of(rows: Array) -> Array:
                 return xp.dot(z_of(rows), env_t)
 
-            parts.append(run_with_split(y_kernel, proj[a:b], state, what=what))
+            parts.append(run_with_split(y_of, proj[a:b], state, what=what))
     y_mine = xp.concat(parts)  # (e u d, s_r)
     del parts
     sketches = ctx.gather(y_mine, root=0)
@@ -344,13 +344,13 @@ def _project(
             # (b-a, c_r, u d): the block's rows first, so the split can cut them.
             q_rows = xp.permute(q_block.reshape(qh.shape[0], b - a, ud), (1, 0, 2))
 
-            def kernel(piece: tuple[Array, Array]) -> Array:
+            def per_piece(piece: tuple[Array, Array]) -> Array:
                 rows, q_piece = piece
                 n = rows.shape[0]
                 qm = xp.contiguous(xp.permute(q_piece, (1, 0, 2))).reshape(-1, n * ud)
                 return xp.dot(qm, z_of(rows))
 
-            part = run_with_split(kernel, (proj[a:b], q_rows), state, add_up, what=what)
+            part = run_with_split(per_piece, (proj[a:b], q_rows), state, add_up, what=what)
         total = part if total is None else total + part
     assert total is not None
     return total

@@ -17,7 +17,7 @@ from triton_interpreted import INTERPRETED, run_interpreted
 from sexpgpu.runtime.devices import parse_device
 from sexpgpu.tn import thin
 from sexpgpu.tn.backend import NumpyBackend, TorchBackend
-from sexpgpu.tn.kernels import right_block
+from sexpgpu.tn.contractions import right_block
 
 pytest.importorskip("triton")
 

@@ -277,7 +277,7 @@ def _thin_last(
 
     Its contraction is ``r_i`` and the inner physical leg ``x1``; ``z``'s
     free legs are the other layer's ``l`` and the outer physical leg on its
-    side. None where the backend has no kernel for it.
+    side. None where the backend has no routine for it.
     """
     other, outer, own = f"l{1 - i}", ("x2" if i == 0 else "x0"), ("x0" if i == 0 else "x2")
     order = ("e", f"r{i}", other, outer, "x1")  # (E, R, L, X, Y)

@@ -161,7 +161,11 @@ def _where(node: Node, cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: Out 
 
 @impl_rule(Op.UNIFORM)
 def _uniform(node: Node, key: np.ndarray, counter: np.ndarray, out: Out = None) -> np.ndarray:
-    return uniform_bits(key, counter, node.attrs["salt"])
+    result = uniform_bits(key, counter, node.attrs["salt"])
+    if out is None:
+        return result
+    np.copyto(out, result)  # a block of a split op writes into its rows
+    return out
 
 
 # ---------------------------------------------------------------- reductions

@@ -48,3 +48,20 @@ def test_microbatch_keys_are_distinct():
     keys = {int(microbatch_key(seed, g)) for seed in (0, 1, 1337) for g in range(2000)}
     assert len(keys) == 6000
     assert microbatch_key(2**40 + 3, 2**33).dtype == np.int32
+
+
+def test_the_interpreter_split_over_threads_draws_the_same_numbers():
+    from sexpgpu.devices.cpu import CpuProgram
+    from sexpgpu.devices.cpu_split import MIN_ELEMENTS
+    from sexpgpu.ir import builder as b
+    from sexpgpu.ir.node import Graph
+
+    key = b.input("k", (), "int32")
+    rows = MIN_ELEMENTS // 256
+    u = b.uniform(key, b.iota((rows, 512), 1), 7)
+    graph = Graph.of({"u": b.mul(u, b.constant(2.0, "f32"))}, [key])
+    feeds = {"k": np.array(3, np.int32)}
+    want = 2 * uniform_bits(np.array(3, np.int32), np.broadcast_to(np.arange(512), (rows, 512)), 7)
+    for workers in (1, 4):
+        got = CpuProgram(graph, threads=workers)(feeds)["u"]
+        np.testing.assert_array_equal(got, want)

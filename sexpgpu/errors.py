@@ -77,6 +77,7 @@ CODES: dict[str, str] = {
     "E-DP-006": "a node differs from node 0 at the rendezvous",
     "E-DP-007": "a node did not arrive within SEXPGPU_NODE_TIMEOUT (300 s), or left the run",
     "E-MEM-001": "no memory plan fits the card, even recomputing forward values in the backward",
+    "E-MEM-002": "an allocation failed after release, retry and split",
     "E-DEV-001": "the cuda device refuses a GPU below compute capability 8.0",
     "E-DEV-002": "the cuda device needs PyTorch, which is not installed",
     # IR shapes and dtypes

@@ -171,7 +171,7 @@ def lowering_report(
         microbatches=microbatches_per_rank(run.microbatches, config.world_size),
     )
     plan = fitted.plan
-    lines = [*backend.report(fitted.compiled, plan), *fitted.lines()]
-    if not plan.fits:
+    lines = [*backend.report(plan), *fitted.lines()]
+    if not plan.memory.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines, fitted.compiled

@@ -12,7 +12,10 @@ the gradient buffers) and does every step's arithmetic there::
         norm = program.update(lr, clip)                   # clip, optimizer, on the device
     program.evaluate(batch, target) ; program.host_state()  # eval; checkpoints, digests
 
-The host sees only the loss, metrics and checkpoints. Devices are looked up
+A device's `plan` is a value (`Plan`): the memory plan and whatever the
+device decided with it (the cuda device's stacking degree and compiled
+step); `report` and `load` take it, so nothing is handed between them
+behind the interface. The host sees only the loss, metrics and checkpoints. Devices are looked up
 by the names users type (`sexpgpu.runtime.devices.DEVICE_KINDS`); each entry
 is imported on first use, so ``cpu`` never imports PyTorch. `DEVICES` is also
 the one seam tests wrap: an entry replaced for a test (pytest's
@@ -38,6 +41,7 @@ __all__ = [
     "Device",
     "EvalResult",
     "HostState",
+    "Plan",
     "Program",
     "get_device",
     "load_entry",
@@ -139,6 +143,13 @@ class Program(Protocol):
         ...
 
 
+class Plan(Protocol):
+    """What a device decided for a run before anything is allocated (`Device.plan`)."""
+
+    compiled: CompiledRun
+    memory: MemoryPlan  # the most one rank holds at once, by part
+
+
 class Device(Protocol):
     """A kind of device users name (``cpu``, ``cuda``): plans, reports and loads runs."""
 
@@ -152,8 +163,8 @@ class Device(Protocol):
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
-    ) -> MemoryPlan:
-        """The most one rank holds at once, by part, before any initializer runs.
+    ) -> Plan:
+        """The run's plan: the most one rank holds at once, by part, before any initializer runs.
 
         Parameters
         ----------
@@ -166,16 +177,17 @@ class Device(Protocol):
         memory
             ``SEXPGPU_MEMORY`` per device, or None to detect it.
         microbatches
-            Microbatches per rank and step (more than one keeps gradient buffers).
+            Microbatches per rank and step (more than one keeps gradient buffers),
+            as `sexpgpu.train.settings.microbatches_per_rank` gives them.
         """
         ...
 
-    def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
+    def report(self, plan: Plan) -> list[str]:
         """The lowering report: device, patterns matched and where, kernels, the plan."""
         ...
 
-    def load(self, compiled: CompiledRun, where: DeviceId) -> Program:
-        """A `Program` of `compiled` on device `where` (one per rank)."""
+    def load(self, plan: Plan, where: DeviceId) -> Program:
+        """A `Program` of the planned run on device `where` (one per rank)."""
         ...
 
 

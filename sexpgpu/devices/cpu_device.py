@@ -9,6 +9,7 @@ plans memory against the host and hands each rank a
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
 
-__all__ = ["CpuDevice", "CpuKernels"]
+__all__ = ["CpuDevice", "CpuKernels", "CpuPlan"]
 
 
 class CpuKernels(SummingKernels):
@@ -37,6 +38,10 @@ class CpuKernels(SummingKernels):
 
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         return self.compiled.init_params(seed)
+
+    def pieces(self, parts: int) -> CpuKernels | None:
+        smaller = self.compiled.pieces(parts)
+        return None if smaller is None else CpuKernels(smaller)
 
     def train_step(
         self, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
@@ -73,6 +78,14 @@ def _f32(array: np.ndarray) -> np.ndarray:
     return array if array.dtype == np.float32 else array.astype(np.float32)
 
 
+@dataclass(frozen=True)
+class CpuPlan:
+    """The cpu device's plan: the run and its memory (the interpreter decides nothing more)."""
+
+    compiled: CompiledRun
+    memory: MemoryPlan
+
+
 class CpuDevice:
     """The ``cpu`` device (see the module docstring)."""
 
@@ -86,7 +99,7 @@ class CpuDevice:
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
-    ) -> MemoryPlan:
+    ) -> CpuPlan:
         """Parameters, optimizer moments and the training graph's live set, per rank.
 
         The simulated ranks of a cpu run share the host, so each gets its
@@ -102,15 +115,15 @@ class CpuDevice:
         params = 4 * compiled.param_count
         live = CpuProgram(compiled.train_graph).planned_peak_bytes
         parts = {"parameters": params, "optimizer": moments * params, "activations": live}
-        return MemoryPlan(budget, parts)
+        return CpuPlan(compiled, MemoryPlan(budget, parts))
 
-    def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
+    def report(self, plan: CpuPlan) -> list[str]:
         """The device, and the plan: the interpreter matches no patterns."""
-        nodes = len(compiled.train_graph.nodes())
+        nodes = len(plan.compiled.train_graph.nodes())
         return [
             f"device: cpu (the IR interpreter, {nodes} nodes in the training graph)",
-            plan.line(),
+            plan.memory.line(),
         ]
 
-    def load(self, compiled: CompiledRun, where: DeviceId) -> TrainState:
-        return TrainState(CpuKernels(compiled))
+    def load(self, plan: CpuPlan, where: DeviceId) -> TrainState:
+        return TrainState(CpuKernels(plan.compiled), plan=plan.memory)

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sexpgpu.devices.base import Device
+from sexpgpu.devices.base import Device, Plan
 from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.recompute import Recomputation, fit
-from sexpgpu.runtime.memory import MemoryPlan
 from sexpgpu.runtime.units import format_bytes
 
 __all__ = ["FittedPlan", "plan_run"]
@@ -32,20 +31,20 @@ class FittedPlan:
     compiled
         The run to load on the device.
     plan
-        The device's plan of `compiled`.
+        The device's plan of `compiled` (its memory: ``plan.memory``).
     recompute
         The recomputation chosen, or None where the run fits without.
     """
 
     compiled: CompiledRun
-    plan: MemoryPlan
+    plan: Plan
     recompute: Recomputation | None = None
 
     def lines(self) -> list[str]:
         """``recompute: 412 values, +18% FLOPs, plan 31.2 of 40.0 GiB``, where it recomputes."""
         if self.recompute is None:
             return []
-        plan = self.plan
+        plan = self.plan.memory
         total = f"plan {format_bytes(plan.total)} of {format_bytes(plan.budget.nbytes)}"
         line = self.recompute.line(total)
         if not self.recompute.fits:
@@ -59,7 +58,7 @@ class FittedPlan:
                 f"{hint} (even recomputing {self.recompute.values} forward values "
                 "in the backward does not fit)"
             )
-        self.plan.check(hint=hint)
+        self.plan.memory.check(hint=hint)
 
 
 def plan_run(
@@ -75,10 +74,10 @@ def plan_run(
 
     The arguments after `compiled` are `Device.plan`'s.
     """
-    # Each graph planned once; the runs are held, as the device keys what it planned by their ids.
-    planned: dict[int, tuple[CompiledRun, MemoryPlan]] = {}
+    # Each graph planned once (a plan may compile and measure the step).
+    planned: dict[int, tuple[CompiledRun, Plan]] = {}
 
-    def plan_of(graph: Graph) -> tuple[CompiledRun, MemoryPlan]:
+    def plan_of(graph: Graph) -> tuple[CompiledRun, Plan]:
         if id(graph) not in planned:
             run = compiled if graph is compiled.train_graph else compiled.with_train_graph(graph)
             plan = backend.plan(
@@ -87,6 +86,6 @@ def plan_run(
             planned[id(graph)] = (run, plan)
         return planned[id(graph)]
 
-    recompute = fit(compiled.train_graph, lambda g: plan_of(g)[1].fits, matmul_flops)
+    recompute = fit(compiled.train_graph, lambda g: plan_of(g)[1].memory.fits, matmul_flops)
     graph = compiled.train_graph if recompute is None else recompute.graph
     return FittedPlan(*plan_of(graph), recompute)

@@ -6,9 +6,11 @@ cpu device passes NumPy, the cuda device PyTorch tensors on its GPU. It is
 the `sexpgpu.devices.base.Program` every device returns.
 
 Allocation failures in a training step go through `sexpgpu.runtime.oom`:
-the caches are released and the step retried once, and the
-``memory: allocation failed`` line is kept in `events` for the run's
-annotations.
+the caches are released and the step retried; a second failure computes
+each microbatch in halves (quarters...) where the graph allows it
+(`sexpgpu.ir.compile.CompiledRun.pieces`), kept for the run; when nothing
+more splits, E-MEM-002. The ``memory: allocation failed`` lines are kept
+in `events` for the run's annotations.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from sexpgpu.devices.base import EvalResult, HostState
 from sexpgpu.devices.collectives import sum_over_ranks
 from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
 from sexpgpu.ir.compile import ParamInfo
-from sexpgpu.runtime.oom import SplitState, call_with_retry
+from sexpgpu.runtime.oom import SplitState, call_with_split
 
-__all__ = ["Kernels", "SummingKernels", "Sums", "TrainState", "summed"]
+__all__ = ["Kernels", "SummingKernels", "Sums", "TrainState", "add_sums", "in_pieces", "summed"]
 
 
 @dataclass
@@ -79,6 +81,20 @@ class Kernels(Protocol):
         """
         ...
 
+    def pieces(self, parts: int) -> Kernels | None:
+        """These kernels at ``1 / parts`` of a microbatch's rows; None where the graph forbids."""
+        ...
+
+    def accumulate_pieces(
+        self,
+        params: Mapping[str, Any],
+        batch: Mapping[str, np.ndarray],
+        sums: Sums | None,
+        parts: int,
+    ) -> Sums:
+        """`accumulate`, each microbatch computed in `parts` pieces of its rows."""
+        ...
+
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
         """``(loss, output)`` of one microbatch."""
         ...
@@ -98,6 +114,51 @@ class SummingKernels:
     ) -> Sums:
         return summed(sums, *self.train_step(params, batch))  # type: ignore[attr-defined]
 
+    def accumulate_pieces(
+        self,
+        params: Mapping[str, Any],
+        batch: Mapping[str, np.ndarray],
+        sums: Sums | None,
+        parts: int,
+    ) -> Sums:
+        return add_sums(sums, in_pieces(self, params, [batch], parts))
+
+
+def in_pieces(
+    kernels: Any, params: Mapping[str, Any], batches: list[Mapping[str, np.ndarray]], parts: int
+) -> Sums:
+    """The sums of `batches`, each computed in `parts` pieces of its rows by `kernels.pieces`.
+
+    The pieces' losses and gradients are means over their rows, so a
+    microbatch's are their sum over `parts` (a power of two: exact).
+    """
+    small = kernels.pieces(parts)
+    assert small is not None, "split only where the graph allows it"
+    total: Sums | None = None
+    for batch in batches:
+        rows = len(next(iter(batch.values())))
+        step = rows // parts
+        for lo in range(0, rows, step):
+            piece = {name: array[lo : lo + step] for name, array in batch.items()}
+            total = summed(total, *small.train_step(params, piece))
+    assert total is not None
+    scale = 1.0 / parts
+    total.loss = total.loss * scale
+    total.grads = {k: g * scale for k, g in total.grads.items()}
+    total.count = len(batches)
+    return total
+
+
+def add_sums(sums: Sums | None, more: Sums) -> Sums:
+    """`sums` (None at a step's first microbatch) grown by `more`, in place."""
+    if sums is None:
+        return more
+    for k, g in more.grads.items():
+        sums.grads[k] += g
+    sums.loss = sums.loss + more.loss
+    sums.count += more.count
+    return sums
+
 
 class TrainState:
     """A `Program` over `kernels` and `xp` (see `sexpgpu.devices.base`).
@@ -108,15 +169,18 @@ class TrainState:
         The run's graphs on the device.
     xp
         The device's arrays.
+    plan
+        The run's `sexpgpu.runtime.memory.MemoryPlan`, named by E-MEM-002.
     """
 
-    def __init__(self, kernels: Kernels, xp: ArrayOps = NUMPY) -> None:
+    def __init__(self, kernels: Kernels, xp: ArrayOps = NUMPY, *, plan: Any = None) -> None:
         self.kernels, self.xp = kernels, xp
         self.params: Mapping[str, ParamInfo] = kernels.params
         self.values: dict[str, Any] = {}  # parameter arrays on the device
         self.optimizer: Optimizer | None = None
         self.events: list[str] = []
         self._split = SplitState()
+        self.plan = plan
         self._sums: Sums | None = None
         self._peak = 0
 
@@ -151,12 +215,20 @@ class TrainState:
     # -- the step --------------------------------------------------------------------------
 
     def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
-        self._sums = call_with_retry(lambda: self._train(batch), self._split, what="training step")
+        self._sums = call_with_split(
+            lambda parts: self._train(batch, parts),
+            self._split,
+            what="training step",
+            can_split=lambda parts: self.kernels.pieces(parts) is not None,
+            plan=self.plan,
+        )
         self._peak = max(self._peak, int(self.kernels.last_peak_bytes))
         self._take_events()
 
-    def _train(self, batch: Mapping[str, np.ndarray]) -> Sums:
-        return self.kernels.accumulate(self.values, batch, self._sums)
+    def _train(self, batch: Mapping[str, np.ndarray], parts: int) -> Sums:
+        if parts == 1:
+            return self.kernels.accumulate(self.values, batch, self._sums)
+        return self.kernels.accumulate_pieces(self.values, batch, self._sums, parts)
 
     def local_grad_norm(self) -> float:
         assert self._sums is not None, "accumulate() first"

@@ -21,9 +21,9 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -112,6 +112,8 @@ class CompiledRun:
         without its last axis; None when there is none.
     trainable
         Whether some parameter reaches the loss.
+    rows
+        The microbatch's rows (``:batch``): the leading axis of every input.
     """
 
     def __init__(
@@ -136,6 +138,31 @@ class CompiledRun:
         self.flops_per_step = matmul_flops(train_graph)
         self.target = _target_field(trace, model_inputs)
         self.trainable = any(n.op is Op.PARAM for n in topological_order([trace.loss]))
+        self.rows = 0
+        self._retrace: Callable[[int], CompiledRun] | None = None  # set by `compile_run`
+        self._pieces: dict[int, CompiledRun] = {}
+
+    def pieces(self, parts: int) -> CompiledRun | None:
+        """This run at ``rows / parts`` rows per microbatch, or None where the graph forbids it.
+
+        A microbatch may be computed in `parts` pieces (after an allocation
+        failure, `sexpgpu.runtime.oom.call_with_split`) when its rows divide,
+        every input's leading axis is the rows, and the loss is a mean over
+        all elements of a value whose leading axis is the rows (the
+        language's `cross-entropy` and `mse`): then the pieces' mean loss and
+        gradients are the microbatch's, for a model that treats rows apart.
+        """
+        if parts == 1:
+            return self
+        if self._retrace is None or not self.rows or self.rows % parts:
+            return None
+        if any(shape[:1] != (self.rows,) for shape, _ in self.inputs.values()):
+            return None
+        if not _mean_over_rows(self._trace.loss, self.rows):
+            return None
+        if parts not in self._pieces:
+            self._pieces[parts] = self._retrace(self.rows // parts)
+        return self._pieces[parts]
 
     def with_train_graph(self, graph: Graph) -> CompiledRun:
         """This run training through `graph`, a rewrite of its training graph (recomputation).
@@ -188,6 +215,33 @@ def _as_evaluated(trace: Trace, outputs: Mapping[str, Node]) -> Graph:
     return Graph.of(swapped.outputs, leaves)
 
 
+def _mean_over_rows(loss: Node, rows: int) -> bool:
+    """Whether `loss` is ``sum(x) * (1 / x.size)`` over all of an `x` laid out row by row.
+
+    Row by row: `x`'s leading axis is the rows, or blocks of them that a
+    reshape merged (cross-entropy's per-token losses of ``(rows, T)`` targets).
+    """
+    if loss.op is not Op.MUL:
+        return False
+    total, scale = loss.inputs
+    if total.op is not Op.SUM or scale.op is not Op.CONSTANT or total.shape != ():
+        return False
+    (x,) = total.inputs
+    value = scale.attrs["value"]
+    if not (isinstance(value, float) and value == 1.0 / x.size):
+        return False
+    while x.shape[:1] != (rows,):
+        if not x.shape or x.shape[0] % rows:
+            return False
+        if x.op is Op.CROSS_ENTROPY:
+            x = x.inputs[1]  # per-row losses: laid out as their targets
+        elif x.op is Op.RESHAPE:
+            x = x.inputs[0]
+        else:
+            return False
+    return True
+
+
 def _target_field(trace: Trace, model_inputs: tuple[str, ...]) -> str | None:
     output = trace.output
     if output is None or output.dtype not in FLOATS or len(output.shape) < 2:
@@ -234,6 +288,8 @@ def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
     model = experiment.models[run.model]
     model_inputs = tuple(getattr(s, "name", str(s)) for s in model.inputs)
     compiled = CompiledRun(run.name, trace, train, evaluation, model_inputs)
+    compiled.rows = run.batch
+    compiled._retrace = lambda rows: compile_run(experiment, replace(run, batch=rows))
     log.info(
         "compiled %s: %d parameters, %d nodes, %.3g FLOPs per microbatch",
         run.name,

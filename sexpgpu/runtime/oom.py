@@ -1,5 +1,11 @@
 """Surviving an allocation failure: release the caches, retry, split the batch.
 
+`call_with_split` runs a training step: when an allocation fails it releases
+the caches and retries, then computes each microbatch in halves (quarters...)
+where the caller says the graph allows it, keeps that split for the run, and
+ends in E-MEM-002 (the plan, what was asked, what was free, the fix) when
+nothing more can be split.
+
 `run_with_split` computes ``fn`` over a batch. When an allocation fails it
 releases the caches and tries again; when it fails again it computes the batch
 in halves (then quarters...), combining the pieces' results, and remembers the
@@ -15,6 +21,7 @@ import functools
 import gc
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +38,9 @@ __all__ = [
     "SimulatedAllocationFailure",
     "SplitState",
     "add_up",
+    "allocation_error",
     "call_with_retry",
+    "call_with_split",
     "concat",
     "is_allocation_failure",
     "release_caches",
@@ -228,6 +237,140 @@ def call_with_retry(
         line = f"memory: allocation failed in {what} ({exc}); released the caches and retried"
         _note(state if state is not None else SplitState(), line)
         return fn()
+
+
+def call_with_split(
+    fn: Callable[[int], R],
+    state: SplitState,
+    *,
+    what: str,
+    can_split: Callable[[int], bool],
+    plan: Any = None,
+    release: Callable[[], None] = release_caches,
+) -> R:
+    """``fn(state.parts)``: a computation of each microbatch in that many pieces.
+
+    When an allocation fails: release the caches and retry; when it fails
+    again, double the pieces where ``can_split(parts)`` allows it (kept in
+    `state` for the run, and said in a ``memory: allocation failed`` line),
+    and start over at that split.
+
+    Parameters
+    ----------
+    fn
+        The computation, given how many pieces to cut each microbatch in.
+    state
+        The split to start with; a new split is stored in it, with its lines.
+    what
+        Names the computation in the lines and the error.
+    can_split
+        Whether the graph allows cutting a microbatch in `parts` pieces.
+    plan
+        The run's `sexpgpu.runtime.memory.MemoryPlan`, named by the error.
+    release
+        Frees caches before a retry (`release_caches`).
+
+    Raises
+    ------
+    SexpgpuError
+        E-MEM-002 when a retry fails and the microbatch splits no further.
+    """
+    released = False
+    while True:
+        try:
+            return fn(state.parts)
+        except Exception as exc:
+            if not is_allocation_failure(exc):
+                raise
+            release()
+            pieces = "" if state.parts == 1 else f" in {state.parts} pieces"
+            if not released:
+                released = True
+                _note(
+                    state,
+                    f"memory: allocation failed in {what}{pieces} ({_first_line(exc)}); "
+                    "released the caches and retried",
+                )
+                continue
+            if not can_split(state.parts * 2):
+                raise allocation_error(what, exc, plan, state.parts) from exc
+            state.parts *= 2
+            released = False
+            _note(
+                state,
+                f"memory: allocation failed in {what}{pieces} again; computing each "
+                f"microbatch in {state.parts} pieces from now on",
+            )
+
+
+def allocation_error(what: str, exc: BaseException, plan: Any, parts: int) -> SexpgpuError:
+    """E-MEM-002: `what` failed to allocate after release, retry and `parts` pieces.
+
+    Names the plan (`plan`, a `MemoryPlan`, or None), what the failed
+    allocation asked for and what was free (from PyTorch's message, else
+    the device's free memory now), and the fix.
+    """
+    from sexpgpu.runtime.units import format_bytes
+
+    asked, free = _asked_and_free(str(exc))
+    budget = getattr(plan, "budget", None)
+    if free is None and budget is not None:
+        free = _free_now(budget.device)
+    split = "splitting each microbatch " + (
+        f"into {parts} pieces" if parts > 1 else "not being possible (the graph does not allow it)"
+    )
+    numbers = f"asked {asked or 'an unknown amount'}, " + (
+        f"{format_bytes(free)} free" if isinstance(free, int) else f"{free or 'unknown'} free"
+    )
+    planned = f"; the plan was {plan.line().removeprefix('memory: plan ')}" if plan else ""
+    if budget is not None and budget.source == "SEXPGPU_MEMORY":
+        location = "SEXPGPU_MEMORY"
+        hint = (
+            f"SEXPGPU_MEMORY={format_bytes(budget.nbytes)} plans for more than the device "
+            "holds: unset it (the plan then reads the free memory) or lower it, or use a "
+            "smaller :batch or more :microbatches"
+        )
+    else:
+        location = str(budget.device) if budget is not None else what
+        hint = (
+            "use a smaller :batch or more :microbatches; if another process holds memory "
+            "on the device, free it first"
+        )
+    return SexpgpuError(
+        "E-MEM-002",
+        f"allocation failed in {what} after releasing the caches, a retry and {split}: "
+        f"{numbers}{planned}",
+        location,
+        hint=hint,
+    )
+
+
+_ASKED = re.compile(r"tried to allocate ([0-9.]+ ?[KMGT]?i?B)", re.IGNORECASE)
+_FREE = re.compile(r"([0-9.]+ ?[KMGT]?i?B) is free", re.IGNORECASE)
+
+
+def _asked_and_free(message: str) -> tuple[str | None, str | None]:
+    """What PyTorch's out-of-memory message says was asked and was free, where it says."""
+    asked, free = _ASKED.search(message), _FREE.search(message)
+    return (asked.group(1) if asked else None), (free.group(1) if free else None)
+
+
+def _free_now(device: Any) -> int | None:
+    """The device's free bytes now (GPU or host), or None where they cannot be read."""
+    try:
+        if getattr(device, "is_cuda", False):
+            torch = torch_if_loaded()
+            return int(torch.cuda.mem_get_info(device.index)[0]) if torch is not None else None
+        from sexpgpu.runtime.memory import host_available_bytes
+
+        return host_available_bytes()
+    except Exception:  # a report of a failure must not fail itself
+        return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
 
 
 def _note(state: SplitState, line: str) -> None:

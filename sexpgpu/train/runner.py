@@ -122,7 +122,7 @@ def prepare_run(
     local = config.local_devices
 
     def make_program(rank: int) -> Any:
-        return backend.load(compiled, local[rank])
+        return backend.load(plan, local[rank])
 
     return Trainer(
         make_program,
@@ -134,8 +134,8 @@ def prepare_run(
         run_name=rundef.name,
         param_shapes={key: info.shape for key, info in compiled.params.items()},
         target=compiled.target,
-        plan=plan,
-        report=[*backend.report(compiled, plan), *fitted.lines()],
+        plan=plan.memory,
+        report=[*backend.report(plan), *fitted.lines()],
         resume=resume,
         on_step=on_step,
         storage_options=storage_options,

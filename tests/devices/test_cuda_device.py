@@ -119,32 +119,94 @@ def test_checkpoints_cross_devices(tmp_path: Path, first: str, second: str) -> N
     np.testing.assert_allclose(split, whole, rtol=1e-4)
 
 
-def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path) -> None:
+def _fail_allocations(monkeypatch, kernels, *, calls=(), rows_over=None) -> FailureInjector:
+    """Simulated allocation failures at the seam every training call goes through."""
+    inject = FailureInjector(calls, larger_than=rows_over)
+    step = kernels.train_step
+
+    def train_step(self, params, batch):
+        inject.check(len(batch["x"]))
+        return step(self, params, batch)
+
+    monkeypatch.setattr(kernels, "train_step", train_step)
+    return inject
+
+
+def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path, monkeypatch) -> None:
+    from sexpgpu.devices.cuda.kernels import TorchKernels
+
     path = _file(tmp_path)
-    with device_named("cpu", CudaDevice("cpu")):
-        trainer = prepare_run(path, out=tmp_path / "run")
-    inject = FailureInjector(calls=[3])
-    make = trainer.make_program
-
-    def injected(rank):
-        # The seam: the device's graphs, which the step retries when they fail.
-        program = make(rank)
-        accumulate = program.kernels.accumulate
-
-        def failing(*args):
-            inject.check()
-            return accumulate(*args)
-
-        program.kernels.accumulate = failing
-        return program
-
-    trainer.make_program = injected
-    trainer.run()
+    _run(path, tmp_path / "clean", "torch-cpu")
+    inject = _fail_allocations(monkeypatch, TorchKernels, calls=[3])
+    _run(path, tmp_path / "run", "torch-cpu")
     assert inject.failures == 1
     notes = _notes(tmp_path / "run")
     assert any(n.startswith("memory: allocation failed in training step") for n in notes)
-    _run(path, tmp_path / "clean", "torch-cpu")
     assert _losses(tmp_path / "run") == _losses(tmp_path / "clean")  # the retry changes nothing
+
+
+@pytest.mark.parametrize("kind", ["cpu", "torch-cpu"])
+def test_a_failing_microbatch_is_split_in_halves_for_the_run(
+    tmp_path: Path, monkeypatch, kind: str
+) -> None:
+    from sexpgpu.devices.cpu_device import CpuKernels
+    from sexpgpu.devices.cuda.kernels import TorchKernels
+
+    path = _file(tmp_path)
+    _run(path, tmp_path / "clean", kind)
+    kernels = CpuKernels if kind == "cpu" else TorchKernels
+    inject = _fail_allocations(monkeypatch, kernels, rows_over=8)  # 16 rows never fit
+    _run(path, tmp_path / "run", kind)
+    assert inject.failures == 2  # the first call and its retry: the split is kept after
+    notes = _notes(tmp_path / "run")
+    assert (
+        "memory: allocation failed in training step again; computing each microbatch in "
+        "2 pieces from now on"
+    ) in notes
+    np.testing.assert_allclose(_losses(tmp_path / "run"), _losses(tmp_path / "clean"), rtol=1e-5)
+
+
+def test_nothing_fits_is_e_mem_002_naming_plan_asked_and_free(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from sexpgpu.cli import main
+    from sexpgpu.devices.cpu_device import CpuKernels
+
+    path = _file(tmp_path)
+    _fail_allocations(monkeypatch, CpuKernels, rows_over=0)  # not even one row fits
+    code = main(["run", str(path), "--out", str(tmp_path / "run"), "--steps", "2"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert (
+        "error[E-MEM-002]: allocation failed in training step after releasing the caches, " in err
+    )
+    assert "a retry and splitting each microbatch into 16 pieces: asked an unknown amount, " in err
+    assert "free; the plan was " in err and "(parameters" in err
+    assert "use a smaller :batch or more :microbatches" in err
+    assert "internal error" not in err
+
+
+def test_e_mem_002_reads_what_pytorch_says_was_asked_and_free() -> None:
+    from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan
+    from sexpgpu.runtime.oom import allocation_error
+
+    torch = pytest.importorskip("torch")
+    plan = MemoryPlan(MemoryBudget(_cuda0(), 451 * 2**30, "SEXPGPU_MEMORY"), {"activations": 2**30})
+    error = torch.cuda.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+        "139.80 GiB of which 3.12 GiB is free."
+    )
+    got = allocation_error("training step", error, plan, 1)
+    assert got.code == "E-MEM-002"
+    assert "asked 20.00 GiB, 3.12 GiB free; the plan was 1.0 GiB of 451.0 GiB" in got.message
+    assert "not being possible (the graph does not allow it)" in got.message
+    assert got.hint.startswith("SEXPGPU_MEMORY=451.0 GiB plans for more than the device holds")
+
+
+def _cuda0():
+    from sexpgpu.runtime.devices import parse_device
+
+    return parse_device("cuda:0")
 
 
 def test_explain_prints_the_cuda_plan_for_a_named_card(tmp_path: Path, capsys, monkeypatch) -> None:

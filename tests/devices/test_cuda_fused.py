@@ -393,7 +393,8 @@ def test_a_stacked_fused_run_with_dropout_draws_the_interpreters_masks(tmp_path,
     path.write_text(text.replace(":steps 4", ":steps 4 :microbatches 4"))
     runs = {}
     for name, backend in [("cpu", None), ("fused", CudaDevice("cpu", fuse=True))]:
-        prepare_run(path, out=tmp_path / name, backend=backend).run()
+        with device_named("cpu", backend):
+            prepare_run(path, out=tmp_path / name).run()
         values = read_series(tmp_path / name, "train/loss")
         runs[name] = [values[s] for s in sorted(values)]
     np.testing.assert_allclose(runs["fused"], runs["cpu"], rtol=1e-5)

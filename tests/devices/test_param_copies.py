@@ -78,8 +78,8 @@ def _program(fuse: bool):
     experiment = load_experiment_text(MLP, "mlp.lisp")
     compiled = compile_run(experiment, experiment.run())
     device = CudaDevice("cpu", fuse=fuse)
-    device.plan(compiled, moments=2, ranks=1, memory=None)
-    program = device.load(compiled, Device("cpu", 0))
+    plan = device.plan(compiled, moments=2, ranks=1, memory=None)
+    program = device.load(plan, Device("cpu", 0))
     program.start(experiment.run().optimizer, seed=1, state=None)
     return compiled, program
 
@@ -102,5 +102,6 @@ def test_a_fused_bf16_step_reads_the_copies_the_update_keeps():
         np.testing.assert_allclose(float(losses[0]), float(losses[1]), rtol=1e-2)
         for name in step.copied:  # current without a cast of their own: the update wrote them
             p = fused.values[name]
-            assert torch.equal(step.copies._entry(p).copy, p.to(BF16))
-            assert step.copies._entry(p).version == p._version
+            copies = fused.kernels.copies  # the step reads them, the update writes them
+            assert torch.equal(copies._entry(p).copy, p.to(BF16))
+            assert copies._entry(p).version == p._version

@@ -26,11 +26,11 @@ class TorchOps:
 
     def __init__(self, device: torch.device, copies: ParamCopies | None = None) -> None:
         self.device = torch.device(device)
-        self.copies = copies if copies is not None else ParamCopies()
+        self.copies = ParamCopies() if copies is None else copies
         self._scalars: dict[tuple[str, str], torch.Tensor] = {}
         self.events: list[str] = []
         self.asynchronous = self.device.type == "cuda"  # PyTorch's CPU device computes as called
-        self.replay = Replay(self.device, self.events)
+        self.replay = Replay(self.device, "update", self.events)
         # AdamW in one launch on a GPU (`adamw`); PyTorch's multi-tensor kernels on the CPU.
         self._one_launch = self.device.type == "cuda" and triton_support.available(self.device)
         self._tables = adamw.Tables(evicted=self.replay.forget)

@@ -62,6 +62,7 @@ class NcclSum:
         self._nccl = nccl
         self.bucket_bytes = bucket_bytes
         self._fallback = GroupSum()
+        self._agreed: bool | None = None  # whether every rank goes through NCCL, once known
 
     def all_reduce(
         self, ctx: Any, loss: float, grads: dict[str, Any]
@@ -118,9 +119,15 @@ class NcclSum:
         return self._nccl
 
     def _usable(self, ctx: Any, tensors: list[Any]) -> bool:
-        """Whether every rank can go through NCCL: the same answer on every rank."""
-        mine = bool(tensors) and self._takes(tensors)
-        return all(ctx.allgather(mine))
+        """Whether every rank can go through NCCL: the same answer on every rank.
+
+        Asked of the group at the first sum only: a run's buffers keep their
+        devices and dtypes, so the answer holds for the run.
+        """
+        if self._agreed is None:
+            mine = bool(tensors) and self._takes(tensors)
+            self._agreed = all(ctx.allgather(mine))
+        return self._agreed
 
     def _takes(self, tensors: list[Any]) -> bool:
         if self._nccl is not None:

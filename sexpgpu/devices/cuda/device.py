@@ -1,7 +1,9 @@
 """The ``cuda`` device: a `CompiledRun` lowered to PyTorch on one GPU per rank.
 
-`CudaDevice` plans a GPU (memory, the stacking degree), reports the
-lowering, and loads each rank's `sexpgpu.devices.cuda.kernels.TorchKernels`
+`CudaDevice.plan` decides for a run, before anything is allocated: the
+stacking degree, the stacked and compiled training graph, the live sets
+and the memory plan, all in one value (`CudaPlan`). `report` prints it and
+`load` turns it into each rank's `sexpgpu.devices.cuda.kernels.TorchKernels`
 (the fused training step, the op-by-op evaluation) into a
 `sexpgpu.devices.state.TrainState`: parameters, gradient buffers and
 optimizer moments are float32 tensors on the GPU. The host sees the loss
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,9 +35,10 @@ from sexpgpu.runtime.devices import require_capability
 from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
+    from sexpgpu.devices.cuda.fused import FusedGraph
     from sexpgpu.devices.cuda.stacking import Choice
 
-__all__ = ["CUBLAS_WORKSPACE", "CudaDevice"]
+__all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "CudaPlan"]
 
 # What cuBLAS takes from PyTorch's caching allocator per handle and stream, as
 # PyTorch sizes it on Hopper: its workspace (CUBLAS_WORKSPACE_CONFIG :4096:8)
@@ -55,14 +59,60 @@ def _torch() -> Any:
     return torch
 
 
+@dataclass(frozen=True)
+class CudaPlan:
+    """What `CudaDevice.plan` decided for a run; `report` and `load` take it.
+
+    Attributes
+    ----------
+    compiled
+        The run.
+    memory
+        The most one GPU holds at once, by part.
+    microbatches
+        Microbatches per rank and step.
+    choice
+        The stacking degree and why.
+    stacked
+        The training graph at that degree (the graph itself at 1).
+    fused
+        `stacked` compiled for the first device (`FusedGraph`), why it cannot
+        be (a string), or None where nothing was compiled (op by op, or no
+        GPU to compile for: a run compiles it when it loads).
+    live
+        (bytes, where) of the larger live set: the schedule's node at the
+        peak, or the name of the call a dry call measured.
+    copy_bytes
+        The fused step's bf16 parameter copies (`sexpgpu.devices.cuda.param_copies`).
+    lowering
+        The lowering report's lines of the training graph's schedule.
+    """
+
+    compiled: CompiledRun
+    memory: MemoryPlan
+    microbatches: int
+    choice: Choice
+    stacked: Graph
+    fused: FusedGraph | str | None
+    live: tuple[int, Any]
+    copy_bytes: int
+    lowering: tuple[str, ...]
+
+
 class CudaDevice:
     """The ``cuda`` device (see the module docstring).
+
+    Opening it on a GPU makes the process-wide settings once
+    (`sexpgpu.devices.cuda.process`).
 
     Parameters
     ----------
     torch_device
         ``"cuda"`` (the default), or ``"cpu"`` to run the same lowering on
         PyTorch's CPU device (tests).
+    fuse
+        Whether the training graph is compiled (`FusedGraph`); by default on
+        a GPU only (Inductor's C++ compile takes seconds per graph).
     """
 
     name = "cuda"
@@ -74,17 +124,11 @@ class CudaDevice:
         # Where the plan and the report look: the first GPU, or the CPU without one.
         self.first = "cuda:0" if gpu and self.torch.cuda.device_count() else "cpu"
         self.on_gpu = self.first != "cpu"
-        # Fused on a GPU; on PyTorch's CPU device only when a test asks (Inductor's
-        # C++ compile takes seconds per graph).
         self.fuse = torch_device == "cuda" if fuse is None else fuse
-        # Per run (`id` of its CompiledRun, which the caller keeps alive) and degree.
-        self._live: dict[tuple[int, int], tuple[int, Any]] = {}
-        self._copy_bytes: dict[tuple[int, int], int] = {}  # the fused call's parameter copies
-        self._stacks: dict[tuple[int, int], Graph] = {}
-        self._fused: dict[tuple[int, str, int], Any] = {}
-        self._per_rank: dict[int, int] = {}  # microbatches per rank and step, per run
-        self._choices: dict[int, Any] = {}
-        self._pool = CompilePool(0)  # compile workers, while a plan is made
+        if self.kind == "cuda":
+            from sexpgpu.devices.cuda.process import open_settings
+
+            open_settings()
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -96,7 +140,7 @@ class CudaDevice:
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
-    ) -> MemoryPlan:
+    ) -> CudaPlan:
         """What one GPU holds at once, by part, from the graphs alone (nothing allocated).
 
         Parameters, optimizer moments and the gradient buffers are float32 for
@@ -106,81 +150,17 @@ class CudaDevice:
         stacking degree chosen here (`sexpgpu.devices.cuda.stacking`); the
         workspace is cuBLAS's (PyTorch takes it from its caching allocator)
         and the optimizer's temporaries, a few of the largest parameter. With
-        several ranks, NCCL sums packed copies of the gradients.
+        several ranks, NCCL sums packed copies of the gradients. Where the
+        plan fits a GPU, a dry call of the compiled step on zeros replaces
+        the schedule's live set by the one measured.
         """
         # Their imports overlap the trace; they stop once the plan is made, or fails.
         nodes = len(compiled.train_graph.nodes())
-        self._pool = CompilePool(compile_workers(self.on_gpu and self._captures(), nodes))
+        pool = CompilePool(compile_workers(self.on_gpu and self._captures(), nodes))
         try:
-            return self._plan(compiled, moments, ranks, memory, microbatches)
+            return _Planner(self, compiled, microbatches, pool).plan(moments, ranks, memory)
         finally:
-            self._pool.close()  # later graphs (a resume's, say) compile here
-
-    def _plan(
-        self, compiled: CompiledRun, moments: int, ranks: int, memory: int | None, microbatches: int
-    ) -> MemoryPlan:
-        budget = detect_budget(self.first, memory)
-        per_rank = microbatches  # already this rank's share (`sexpgpu.train`)
-        self._per_rank[id(compiled)] = per_rank
-
-        def plan_at(degree: int) -> MemoryPlan:
-            return MemoryPlan(budget, self._parts(compiled, degree, moments, ranks, per_rank))
-
-        choice = self._choose(compiled, per_rank, lambda d: plan_at(d).fits)
-        self._choices[id(compiled)] = choice
-        plan = plan_at(choice.degree)
-        # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
-        if self._captures() and self.on_gpu and plan.fits:
-            self._dry_call(compiled, choice.degree)
-            plan = plan_at(choice.degree)
-        return plan
-
-    def _dry_call(self, compiled: CompiledRun, degree: int) -> None:
-        """Replace the schedules' estimates of the live sets by the calls' own, measured.
-
-        The training side is the fused call's; the evaluation graph, which
-        runs op by op, is called on zeros too (its schedule's estimate counts
-        every f32 row cross-entropy may hold).
-        """
-        from sexpgpu.devices.cuda.executor import TorchGraph
-
-        device = self.torch.device(self.first)
-        fused = self._fused_graph(compiled, device, degree)
-        if isinstance(fused, str):
-            return
-        peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
-        if peak is None:
-            return
-        evaluation = self._eval_live(compiled)
-        graph = TorchGraph(compiled.eval_graph, device)
-        feeds = _zero_feeds(compiled.eval_graph, self.torch, device)
-        measured = call_peak_bytes(device, lambda: graph(feeds))
-        if measured is not None:
-            evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
-        train = (peak + _leaf_bytes(fused.graph), "fused training call")
-        self._live[(id(compiled), degree)] = max(train, evaluation, key=_bytes)
-        self._copy_bytes[(id(compiled), degree)] = fused.copy_bytes
-
-    def _parts(
-        self, compiled: CompiledRun, degree: int, moments: int, ranks: int, per_rank: int
-    ) -> dict[str, int]:
-        live, _ = self._live_set(compiled, degree)
-        params = 4 * compiled.param_count
-        constants = _constant_bytes(compiled.train_graph)
-        fed = _fed_param_bytes(compiled.train_graph)
-        largest = max((4 * info.size for info in compiled.params.values()), default=0)
-        return {
-            "parameters": params,
-            # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
-            "parameter copies": self._copy_bytes.get((id(compiled), degree), 0),
-            "optimizer": moments * params,
-            "gradients": params if self.fuse or per_rank > 1 else 0,
-            "constants": constants,
-            "activations": max(0, live - fed - constants),
-            "workspace": CUBLAS_WORKSPACE * self._blas_streams() + 3 * largest + self._epilogues(),
-            # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
-            "collectives": params if ranks > 1 else 0,
-        }
+            pool.close()  # later graphs (other GPUs', a resume's) compile in-process
 
     def _blas_streams(self) -> int:
         """How many (thread, stream) pairs hold a cuBLAS workspace: PyTorch keeps one per pair.
@@ -201,105 +181,19 @@ class CudaDevice:
         """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""
         return self.fuse and self.kind == "cuda"
 
-    def _stacked(self, compiled: CompiledRun, degree: int) -> Graph:
-        """The training graph running `degree` microbatches per call (1: the graph itself)."""
-        from sexpgpu.ir.stack import stack_microbatches
-
-        if degree == 1:
-            return compiled.train_graph
-        key = (id(compiled), degree)
-        if key not in self._stacks:
-            self._stacks[key] = stack_microbatches(compiled.train_graph, degree)
-        return self._stacks[key]
-
-    def _live_set(self, compiled: CompiledRun, degree: int = 1) -> tuple[int, Any]:
-        """(bytes, where) of the larger of the training and evaluation graphs' live sets.
-
-        From the op-by-op schedules (``where``: the node at the peak), until
-        the dry calls' measures replace them (`_dry_call`; ``where``: which
-        call). Kept per run and degree: the plan and the report both need it.
-        """
-        key = (id(compiled), degree)
-        if key not in self._live:
-            train = _schedule_peak(self._stacked(compiled, degree), self.torch)
-            self._live[key] = max(train, self._eval_live(compiled), key=_bytes)
-        return self._live[key]
-
-    def _eval_live(self, compiled: CompiledRun) -> tuple[int, Any]:
-        """The evaluation graph's (bytes, node at the peak), kept per run."""
-        key = (id(compiled), 0)  # degree 0: the evaluation graph
-        if key not in self._live:
-            self._live[key] = _schedule_peak(compiled.eval_graph, self.torch)
-        return self._live[key]
-
-    def _choose(self, compiled: CompiledRun, per_rank: int, fits: Callable[[int], bool]) -> Choice:
-        """The stacking degree (see `sexpgpu.devices.cuda.stacking`)."""
-        from sexpgpu.devices.cuda.stacking import (
-            Choice,
-            CostModel,
-            choices_path,
-            choose,
-            degrees,
-            graph_key,
-        )
-        from sexpgpu.ir.printer import format_graph
-
-        if not self.fuse:
-            return Choice(1, "op by op, one microbatch per call")
-        fitting = [d for d in degrees(per_rank) if d == 1 or fits(d)]
-        bf16 = any(n.dtype is DType.BF16 for n in compiled.train_graph.nodes() if n.op is Op.MATMUL)
-        model = CostModel.for_dtype("bf16" if bf16 else "f32")
-        model_ms = {}
-        for d in fitting:
-            graph = self._stacked(compiled, d)
-            moved = 3 * 4 * compiled.param_count + self._live_set(compiled, d)[0]
-            calls, nodes = per_rank // d, len(graph.nodes())
-            model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
-        text = format_graph(compiled.train_graph, spans=False)
-        return choose(
-            fitting,
-            model_ms,
-            key=graph_key(text, self._device_name(), per_rank),
-            path=choices_path(),
-            measure=(lambda d: self._measure(compiled, d, per_rank)) if self.on_gpu else None,
-        )
-
     def _device_name(self) -> str:
         if not self.on_gpu:
             return f"torch-cpu/{self.torch.__version__}"
         return f"{self.torch.cuda.get_device_name(0)}/torch {self.torch.__version__}"
 
-    def _measure(self, compiled: CompiledRun, degree: int, per_rank: int) -> float:
-        """Milliseconds of one step's calls at `degree` on the first GPU (zeros fed)."""
-        torch = self.torch
-        device = torch.device(self.first)
-        fused = self._fused_graph(compiled, device, degree)
-        if isinstance(fused, str):
-            return float("inf")
-        feeds = _zero_feeds(fused.graph, torch, device)
-        buffers = fused.zero_buffers()
-        for _ in range(3):  # a plain call, the capture, a replay
-            fused(feeds, buffers, zeros=True)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        reps = 5
-        start.record()
-        for _ in range(reps):
-            fused(feeds, buffers, zeros=True)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / reps * (per_rank // degree)
-
-    def report(self, compiled: CompiledRun, plan: MemoryPlan) -> list[str]:
+    def report(self, plan: CudaPlan) -> list[str]:
         """Device and capability, patterns matched and where, kernels, attention, the plan."""
-        from sexpgpu.devices.cuda.executor import TorchGraph
-
         lines = [self._device_line()]
-        lines += _pattern_lines(compiled.train_graph)
-        graph = TorchGraph(compiled.train_graph, self.torch.device(self.first))
-        lines += graph.report_lines()
-        lines += self._fused_lines(compiled)
-        lines.append(plan.line())
-        live, node = self._live_set(compiled, self._choice(compiled).degree)
+        lines += _pattern_lines(plan.compiled.train_graph)
+        lines += plan.lowering
+        lines += self._fused_lines(plan)
+        lines.append(plan.memory.line())
+        live, node = plan.live
         if isinstance(node, str):  # measured by a dry call
             lines.append(
                 f"memory: the live set ({live / 2**20:.1f} MiB) is the {node}'s own, "
@@ -323,55 +217,29 @@ class CudaDevice:
             f"cuDNN {cudnn or 'none'}"
         )
 
-    def _fused_lines(self, compiled: CompiledRun) -> list[str]:
-        choice = self._choice(compiled)
-        lines = [choice.line()]
+    def _fused_lines(self, plan: CudaPlan) -> list[str]:
+        lines = [plan.choice.line()]
         if not self.fuse:
             return [*lines, "fused: off (op by op)"]
-        if self.kind == "cuda" and not self.on_gpu:
+        if plan.fused is None:
             return [*lines, "fused: the training graph is compiled on the GPU when a run loads it"]
-        fused = self._fused_graph(compiled, self.torch.device(self.first), choice.degree)
-        if isinstance(fused, str):
-            return [*lines, f"fused: off, op by op: {fused}"]
-        return lines + fused.report_lines()
+        if isinstance(plan.fused, str):
+            return [*lines, f"fused: off, op by op: {plan.fused}"]
+        return lines + plan.fused.report_lines()
 
-    def _choice(self, compiled: CompiledRun) -> Choice:
-        from sexpgpu.devices.cuda.stacking import Choice
-
-        return self._choices.get(id(compiled), Choice(1, "one microbatch per call (not planned)"))
-
-    def _fused_graph(self, compiled: CompiledRun, device: Any, degree: int) -> Any:
-        """The training graph at `degree` compiled for `device`, or why it cannot be.
-
-        Kept: the measurement, the report and the load share it.
-        """
-        from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
-
-        key = (id(compiled), str(device), degree)
-        if key not in self._fused:
-            graph = self._stacked(compiled, degree)
-            examples = _zero_feeds(graph, self.torch, device)
-            # A step of one call writes its sums (nothing to zero, nothing read back).
-            overwrite = degree == self._per_rank.get(id(compiled), 1)
-            try:
-                self._fused[key] = FusedGraph(
-                    graph,
-                    device,
-                    sums=list(graph.outputs),
-                    examples=examples,
-                    overwrite=overwrite,
-                    pool=self._pool,
-                )
-            except NotFusable as why:
-                self._fused[key] = str(why)
-        return self._fused[key]
+    def _compile(self, plan: CudaPlan, device: Any) -> FusedGraph | str:
+        """`plan.stacked` compiled for `device`, or why it cannot be."""
+        return _fused_graph(
+            plan.stacked, device, self.torch, overwrite=plan.choice.degree == plan.microbatches
+        )
 
     # -- load -----------------------------------------------------------------------------
 
-    def load(self, compiled: CompiledRun, where: DeviceId) -> TrainState:
+    def load(self, plan: CudaPlan, where: DeviceId) -> TrainState:
         """A rank's program on GPU `where` (refused below compute capability 8.0)."""
         from sexpgpu.devices.cuda.arrays import TorchOps
         from sexpgpu.devices.cuda.kernels import TorchKernels
+        from sexpgpu.devices.cuda.param_copies import ParamCopies
 
         torch = self.torch
         if self.kind == "cuda":
@@ -380,16 +248,241 @@ class CudaDevice:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        degree = self._choice(compiled).degree
-        fused = self._fused_graph(compiled, device, degree) if self.fuse else None
+        fused, degree = None, 1
+        if self.fuse:
+            planned = plan.fused
+            same = planned is not None and not isinstance(planned, str)
+            fused = planned if same and planned.device == device else self._compile(plan, device)
+            if isinstance(planned, str) or isinstance(fused, str):
+                fused = None  # the report said why: op by op
+            else:
+                degree = plan.choice.degree
+        # The update writes the bf16 copies of the parameters that the fused call reads.
+        copies = ParamCopies()
+        kernels = TorchKernels(
+            plan.compiled, device, where, fused=fused, degree=degree, copies=copies
+        )
+        return TrainState(kernels, TorchOps(device, copies), plan=plan.memory)
+
+
+class _Planner:
+    """One `CudaDevice.plan` call's work: each candidate degree's graphs, made once.
+
+    It lives for the call; what it decides goes into the `CudaPlan` it returns.
+    """
+
+    def __init__(
+        self, device: CudaDevice, compiled: CompiledRun, per_rank: int, pool: CompilePool
+    ) -> None:
+        self.device, self.compiled, self.per_rank, self.pool = device, compiled, per_rank, pool
+        self.torch = device.torch
+        self.first = self.torch.device(device.first)
+        self._stacks: dict[int, Graph] = {}
+        self._live: dict[int, tuple[int, Any]] = {}
+        self._fused: dict[int, FusedGraph | str] = {}
+        self._eval: tuple[int, Any] | None = None
+
+    def plan(self, moments: int, ranks: int, memory: int | None) -> CudaPlan:
+        device = self.device
+        budget = detect_budget(device.first, memory)
+
+        def plan_at(degree: int, live: tuple[int, Any], copy_bytes: int = 0) -> MemoryPlan:
+            parts = self._parts(degree, moments, ranks, live[0], copy_bytes)
+            return MemoryPlan(budget, parts)
+
+        choice = self._choose(lambda d: plan_at(d, self._live_set(d)).fits)
+        degree = choice.degree
+        live, copy_bytes = self._live_set(degree), 0
+        memory_plan = plan_at(degree, live)
+        # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
+        if device._captures() and device.on_gpu and memory_plan.fits:
+            measured = self._dry_call(degree)
+            if measured is not None:
+                live, copy_bytes = measured
+                memory_plan = plan_at(degree, live, copy_bytes)
+        # Compiled here where a device can run it; without a GPU, the run's load compiles it.
+        compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
+        schedule = _lowering_lines(self.compiled.train_graph, self.first)
+        return CudaPlan(
+            compiled=self.compiled,
+            memory=memory_plan,
+            microbatches=self.per_rank,
+            choice=choice,
+            stacked=self._stacked(degree),
+            fused=self._fused_graph(degree) if compiles else None,
+            live=live,
+            copy_bytes=copy_bytes,
+            lowering=tuple(schedule),
+        )
+
+    def _parts(
+        self, degree: int, moments: int, ranks: int, live: int, copy_bytes: int
+    ) -> dict[str, int]:
+        device, compiled = self.device, self.compiled
+        params = 4 * compiled.param_count
+        constants = _constant_bytes(compiled.train_graph)
+        fed = _fed_param_bytes(compiled.train_graph)
+        largest = max((4 * info.size for info in compiled.params.values()), default=0)
+        return {
+            "parameters": params,
+            # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
+            "parameter copies": copy_bytes,
+            "optimizer": moments * params,
+            "gradients": params if device.fuse or self.per_rank > 1 else 0,
+            "constants": constants,
+            "activations": max(0, live - fed - constants),
+            "workspace": CUBLAS_WORKSPACE * device._blas_streams()
+            + 3 * largest
+            + device._epilogues(),
+            # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
+            "collectives": params if ranks > 1 else 0,
+        }
+
+    def _stacked(self, degree: int) -> Graph:
+        """The training graph running `degree` microbatches per call (1: the graph itself)."""
+        from sexpgpu.ir.stack import stack_microbatches
+
+        if degree == 1:
+            return self.compiled.train_graph
+        if degree not in self._stacks:
+            self._stacks[degree] = stack_microbatches(self.compiled.train_graph, degree)
+        return self._stacks[degree]
+
+    def _live_set(self, degree: int) -> tuple[int, Any]:
+        """(bytes, node at the peak) of the larger of the training and evaluation schedules."""
+        if degree not in self._live:
+            train = _schedule_peak(self._stacked(degree), self.torch)
+            self._live[degree] = max(train, self._eval_live(), key=_bytes)
+        return self._live[degree]
+
+    def _eval_live(self) -> tuple[int, Any]:
+        if self._eval is None:
+            self._eval = _schedule_peak(self.compiled.eval_graph, self.torch)
+        return self._eval
+
+    def _fused_graph(self, degree: int) -> FusedGraph | str:
+        """The training graph at `degree` compiled for the first device, or why it cannot be.
+
+        Kept for the call: the measurement, the dry call and the plan share it.
+        """
+        if degree not in self._fused:
+            self._fused[degree] = _fused_graph(
+                self._stacked(degree),
+                self.first,
+                self.torch,
+                # A step of one call writes its sums (nothing to zero, nothing read back).
+                overwrite=degree == self.per_rank,
+                pool=self.pool,
+            )
+        return self._fused[degree]
+
+    def _dry_call(self, degree: int) -> tuple[tuple[int, Any], int] | None:
+        """The live set and copy bytes measured over calls on zeros, or None where it cannot be.
+
+        The training side is the fused call's; the evaluation graph, which
+        runs op by op, is called on zeros too (its schedule's estimate counts
+        every f32 row cross-entropy may hold).
+        """
+        from sexpgpu.devices.cuda.executor import TorchGraph
+
+        fused = self._fused_graph(degree)
         if isinstance(fused, str):
-            fused, degree = None, 1  # the report said why
-        # Candidates measured and not chosen give their memory back.
-        for key in [k for k in self._fused if k[0] == id(compiled) and k[2] != degree]:
-            del self._fused[key]
-        kernels = TorchKernels(compiled, device, where, fused=fused, degree=degree)
-        # The update writes the copies of the parameters the fused call reads.
-        return TrainState(kernels, TorchOps(device, fused.copies if fused is not None else None))
+            return None
+        peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
+        if peak is None:
+            return None
+        compiled = self.compiled
+        evaluation = self._eval_live()
+        graph = TorchGraph(compiled.eval_graph, self.first)
+        feeds = _zero_feeds(compiled.eval_graph, self.torch, self.first)
+        measured = call_peak_bytes(self.first, lambda: graph(feeds))
+        if measured is not None:
+            evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
+        train = (peak + _leaf_bytes(fused.graph), "fused training call")
+        return max(train, evaluation, key=_bytes), fused.copy_bytes
+
+    def _choose(self, fits: Callable[[int], bool]) -> Choice:
+        """The stacking degree (see `sexpgpu.devices.cuda.stacking`)."""
+        from sexpgpu.devices.cuda.stacking import (
+            Choice,
+            CostModel,
+            choices_path,
+            choose,
+            degrees,
+            graph_key,
+        )
+        from sexpgpu.ir.printer import format_graph
+
+        device, compiled, per_rank = self.device, self.compiled, self.per_rank
+        if not device.fuse:
+            return Choice(1, "op by op, one microbatch per call")
+        fitting = [d for d in degrees(per_rank) if d == 1 or fits(d)]
+        bf16 = any(n.dtype is DType.BF16 for n in compiled.train_graph.nodes() if n.op is Op.MATMUL)
+        model = CostModel.for_dtype("bf16" if bf16 else "f32")
+        model_ms = {}
+        for d in fitting:
+            graph = self._stacked(d)
+            moved = 3 * 4 * compiled.param_count + self._live_set(d)[0]
+            calls, nodes = per_rank // d, len(graph.nodes())
+            model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
+        text = format_graph(compiled.train_graph, spans=False)
+        return choose(
+            fitting,
+            model_ms,
+            key=graph_key(text, device._device_name(), per_rank),
+            path=choices_path(),
+            measure=self._measure if device.on_gpu else None,
+        )
+
+    def _measure(self, degree: int) -> float:
+        """Milliseconds of one step's calls at `degree` on the first GPU (zeros fed)."""
+        torch = self.torch
+        fused = self._fused_graph(degree)
+        if isinstance(fused, str):
+            return float("inf")
+        feeds = _zero_feeds(fused.graph, torch, fused.device)
+        buffers = fused.zero_buffers()
+        for _ in range(3):  # a plain call, the capture, a replay
+            fused(feeds, buffers, zeros=True)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 5
+        start.record()
+        for _ in range(reps):
+            fused(feeds, buffers, zeros=True)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / reps * (self.per_rank // degree)
+
+
+def _fused_graph(
+    graph: Graph,
+    device: Any,
+    torch: Any,
+    *,
+    overwrite: bool,
+    pool: CompilePool | None = None,
+) -> FusedGraph | str:
+    """`graph` compiled for `device` summing into its buffers, or why it cannot be."""
+    from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
+
+    try:
+        return FusedGraph(
+            graph,
+            device,
+            sums=list(graph.outputs),
+            examples=_zero_feeds(graph, torch, device),
+            overwrite=overwrite,
+            pool=pool,
+        )
+    except NotFusable as why:
+        return str(why)
+
+
+def _lowering_lines(graph: Graph, device: Any) -> list[str]:
+    """The lowering report of `graph`'s op-by-op schedule on `device`."""
+    from sexpgpu.devices.cuda.executor import TorchGraph
+
+    return TorchGraph(graph, device).report_lines()
 
 
 def _pattern_lines(graph: Graph) -> list[str]:
@@ -429,9 +522,9 @@ def _zero_feeds(graph: Graph, torch: Any, device: Any) -> dict[str, Any]:
 
 
 def _constant_bytes(graph: Graph) -> int:
-    from sexpgpu.devices.cuda.executor import _made_once_bytes
+    from sexpgpu.devices.cuda.executor import made_once_bytes
 
-    return sum(_made_once_bytes(n) for n in graph.nodes() if n.op in (Op.CONSTANT, Op.IOTA))
+    return sum(made_once_bytes(n) for n in graph.nodes() if n.op in (Op.CONSTANT, Op.IOTA))
 
 
 def _leaf_bytes(graph: Graph) -> int:

@@ -47,7 +47,6 @@ from sexpgpu.devices.cuda.lowering import (
     cross_entropy_and_lse,
     cross_entropy_grad,
     cross_entropy_with_grad,
-    full_precision,
     torch_dtype,
 )
 from sexpgpu.devices.schedule import free_lists, last_uses, simulate_peak
@@ -56,7 +55,7 @@ from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.ops import FED, VIEW, Op
 
-__all__ = ["TorchGraph", "select_sdpa_backend"]
+__all__ = ["TorchGraph", "feed_tensor", "made_once_bytes", "select_sdpa_backend"]
 
 _MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
 XENT_KERNEL = "the loss and its gradient in one kernel (sexpgpu::xent_with_grad: Triton on a GPU)"
@@ -115,7 +114,6 @@ class TorchGraph:
         # What each attention node ran: (backend, why it fell back), never its
         # tensors, which would outlive the call (1.2 GiB of examples/gpt.lisp's).
         self._used: dict[int, tuple[str, str | None]] = {}
-        full_precision(self.device)
         self.steps, self._stash_users, last = self._plan()
         self.planned_peak_bytes, self.peak_node = self._peak(last)
         self._constants = {
@@ -169,7 +167,7 @@ class TorchGraph:
                 storage[i] = storage[self._pos[id(node.inputs[0])]]
                 buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
             elif node.op in _MADE_ONCE:
-                always += _made_once_bytes(node)
+                always += made_once_bytes(node)
             else:
                 nbytes[i] = node.size * _itemsize(node.dtype)
         change: Counter = Counter()  # what a forward stashes, until its (last) gradient
@@ -218,7 +216,6 @@ class TorchGraph:
             Called with each schedule position once its value is computed
             (the tracer uses it to tell which IR node made which aten call).
         """
-        full_precision(self.device)
         values: list[torch.Tensor | None] = [None] * len(self.order)
         stash: dict[int, Any] = {}
         waiting = Counter(self._stash_users)
@@ -234,7 +231,7 @@ class TorchGraph:
     def _compute(self, i, step, values, feeds, stash, waiting) -> torch.Tensor:
         node = step.node
         if node.op in FED:
-            return _feed(node, feeds, self.device)
+            return feed_tensor(node, feeds, self.device)
         if node.op in _MADE_ONCE:
             return self._constants[i]
         if len(step.args) == 1 and isinstance(values[step.args[0]], _Pieces):
@@ -430,7 +427,7 @@ def _itemsize(dtype: DType) -> int:
     return torch.empty((), dtype=torch_dtype(dtype)).element_size()
 
 
-def _made_once_bytes(node: Node) -> int:
+def made_once_bytes(node: Node) -> int:
     """Bytes a CONSTANT or IOTA holds on the device (scalars and lines are expanded views)."""
     if node.op is Op.CONSTANT:
         value = node.attrs["value"]
@@ -440,7 +437,8 @@ def _made_once_bytes(node: Node) -> int:
     return count * _itemsize(node.dtype)
 
 
-def _feed(node: Node, feeds: Mapping[str, Any], device: torch.device) -> torch.Tensor:
+def feed_tensor(node: Node, feeds: Mapping[str, Any], device: torch.device) -> torch.Tensor:
+    """`node`'s feed as a tensor on `device` in the node's dtype (bf16 rounded through f32)."""
     if node.name not in feeds:
         raise ValueError(f"no feed for {node.op.label} {node.name!r}")
     value = feeds[node.name]

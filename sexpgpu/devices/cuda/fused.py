@@ -53,7 +53,7 @@ from sexpgpu.devices.cuda.compile_worker import (
     unpack_graph,
     warm_up,
 )
-from sexpgpu.devices.cuda.executor import TorchGraph, _feed
+from sexpgpu.devices.cuda.executor import TorchGraph, feed_tensor
 from sexpgpu.devices.cuda.fx_rewrites import (
     bias_adds_onto_products,
     gelu_into_products,
@@ -63,6 +63,7 @@ from sexpgpu.devices.cuda.fx_rewrites import (
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
 from sexpgpu.devices.cuda.param_copies import ParamCopies
+from sexpgpu.devices.cuda.replay import Replay
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import Op
@@ -156,22 +157,37 @@ class FusedGraph:
         leaves = {n.name: n for n in self.graph.nodes() if n.op in (Op.INPUT, Op.PARAM)}
         self.inputs = [n for n in leaves.values() if n.op is Op.INPUT]
         self.params = [n.name for n in leaves.values() if n.op is Op.PARAM]
-        self.copies = ParamCopies()  # the update writes them (TorchOps.adamw)
         self.copied: list[str] = []  # the parameters read from their bf16 copies
         self.kernels: list[Kernel] = []
         with _COMPILING:
             self._compiled = self._compile(examples)
-        self.capture = self.device.type == "cuda"
-        self.captured = False
-        self.no_capture = "" if self.capture else "on the CPU"  # why there is no CUDA graph
-        self._cuda_graph: Any = None
-        self._static: list[torch.Tensor] = []
-        self._addresses: tuple[int, ...] = ()
-        self._outputs: list[torch.Tensor] = []
+        self._replay = Replay(self.device, "fused step")
+        self._static: list[torch.Tensor] = []  # the inputs a capture reads, refilled per call
         self.calls = 0
         # Calls on buffers not said to be zeros of an overwriting graph: no capture
         # of it can replay them (a step of several calls would need the adding graph).
         self.unreplayed = 0
+
+    @property
+    def capture(self) -> bool:
+        """Whether calls are captured and replayed as a CUDA graph (on a GPU, until refused)."""
+        return self._replay.enabled and self._replay.refused is None
+
+    @capture.setter
+    def capture(self, value: bool) -> None:
+        self._replay.enabled = value
+
+    @property
+    def captured(self) -> bool:
+        """Whether a CUDA graph of the step is held (and replayed)."""
+        return self._replay.captured
+
+    @property
+    def no_capture(self) -> str:
+        """Why there is no CUDA graph: on the CPU, or the driver's refusal ("" where there is)."""
+        if self._replay.refused is not None:
+            return self._replay.refused
+        return "" if self._replay.enabled else "on the CPU"
 
     def zero_buffers(self) -> dict[str, torch.Tensor]:
         """Fresh f32 zeros for every summed output (a call's buffers)."""
@@ -182,11 +198,22 @@ class FusedGraph:
 
     # ------------------------------------------------------------ compile
 
-    def _flat(self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor]) -> list:
-        inputs = [_feed(n, feeds, self.device) for n in self.inputs]
+    def _flat(
+        self,
+        feeds: Mapping[str, Any],
+        buffers: Mapping[str, torch.Tensor],
+        copies: ParamCopies | None = None,
+    ) -> list:
+        """The compiled call's operands: inputs, parameters, their bf16 copies, the buffers.
+
+        `copies` are those the update keeps (`TorchOps`); None makes copies
+        for this call alone (a dry call or a measurement).
+        """
+        inputs = [feed_tensor(n, feeds, self.device) for n in self.inputs]
         params = [feeds[p] for p in self.params]
-        copies = self.copies.current([feeds[p] for p in self.copied])
-        return [*inputs, *params, *copies, *(buffers[s] for s in self.sums)]
+        copies = ParamCopies() if copies is None else copies
+        made = copies.current([feeds[p] for p in self.copied])
+        return [*inputs, *params, *made, *(buffers[s] for s in self.sums)]
 
     @property
     def copy_bytes(self) -> int:
@@ -244,7 +271,7 @@ class FusedGraph:
         copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])
         self.copied = [self.params[i] for i in copied]
         leaves = first + len(self.params)
-        copies = self.copies.current([flat[first + i] for i in copied])
+        copies = ParamCopies().current([flat[first + i] for i in copied])
         flat = [*flat[:leaves], *copies, *flat[leaves:]]  # as `_flat` orders them
         traced = time.perf_counter()
         try:
@@ -362,10 +389,17 @@ class FusedGraph:
             check_ids(node, np.asarray(feeds[fed.name]), _id_range(node))
 
     def __call__(
-        self, feeds: Mapping[str, Any], buffers: Mapping[str, torch.Tensor], *, zeros: bool = False
+        self,
+        feeds: Mapping[str, Any],
+        buffers: Mapping[str, torch.Tensor],
+        *,
+        copies: ParamCopies | None = None,
+        zeros: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Run once: `buffers` (one per name in `sums`) grow by this call's outputs.
 
+        `copies` are the bf16 copies of the parameters the update keeps
+        (`sexpgpu.devices.cuda.param_copies`; None: made for this call).
         `zeros` says the buffers count as zeros (a step's first call): a
         failed call may simply zero them again, and with `overwrite` they
         need not hold zeros at all. The other outputs are returned; after a
@@ -373,16 +407,32 @@ class FusedGraph:
         the next call.
         """
         self.check_ids(feeds)
-        flat = self._flat(feeds, buffers)
+        flat = self._flat(feeds, buffers, copies)
         self.calls += 1
         # The captured graph sums the way it was compiled to: into buffers as they are.
         direct = zeros or not self.overwrite
         self.unreplayed += not direct
-        if direct and self.capture and self.calls > 1 and self._ready(flat):
-            out = self._replay(flat)
-        else:
+        if not (direct and self.capture):
             out = self._once(flat, buffers, zeros)
+        else:
+            n_in = len(self.inputs)
+            static = self._refill(flat[:n_in])
+            key = tuple(t.data_ptr() for t in flat[n_in:])
+            out = self._replay(
+                key,
+                lambda: self._compiled(*static, *flat[n_in:]),
+                plain=lambda: self._once(flat, buffers, zeros),
+            )
         return dict(zip(self.returned, out, strict=True))
+
+    def _refill(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The inputs copied into the buffers a capture reads (made at the first call)."""
+        if not self._static:
+            self._static = [t.clone() for t in inputs]
+        else:
+            for static, value in zip(self._static, inputs, strict=True):
+                static.copy_(value)
+        return self._static
 
     def _once(
         self, flat: list, buffers: Mapping[str, torch.Tensor], zeros: bool
@@ -407,39 +457,6 @@ class FusedGraph:
         if scratch:
             torch._foreach_add_([buffers[s] for s in self.sums], scratch)
         return out
-
-    def _ready(self, flat: list) -> bool:
-        """Whether a captured graph over these operands is there, capturing one if need be.
-
-        A capture records kernels without running them, so one the driver
-        refuses changes nothing: the run goes on without a CUDA graph, and
-        the report and the log say why.
-        """
-        n_in = len(self.inputs)
-        addresses = tuple(t.data_ptr() for t in flat[n_in:])
-        if self._cuda_graph is not None and addresses == self._addresses:
-            return True
-        self._cuda_graph, self._outputs = None, []  # the old graph's memory goes first
-        self._static = [t.clone() for t in flat[:n_in]]
-        try:
-            graph = torch.cuda.CUDAGraph()
-            # Other ranks' threads keep working on their GPUs while this one captures.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self._outputs = list(self._compiled(*self._static, *flat[n_in:]))
-        except RuntimeError as error:
-            self.capture, self.no_capture = False, f"{type(error).__name__}: {error}"
-            log.warning("fused step: no CUDA graph (%s); the step runs without one", error)
-            return False
-        self._cuda_graph, self._addresses, self.captured = graph, addresses, True
-        log.debug("captured a CUDA graph of %d kernels", len(self.kernels))
-        return True
-
-    def _replay(self, flat: list) -> Sequence[torch.Tensor]:
-        """Copy the inputs in and replay: nothing is allocated, so nothing fails halfway."""
-        for static, value in zip(self._static, flat[: len(self.inputs)], strict=True):
-            static.copy_(value)
-        self._cuda_graph.replay()
-        return self._outputs
 
     def call_peak_bytes(self, feeds: Mapping[str, Any]) -> int | None:
         """The most bytes one plain call holds beyond its operands (a dry call; GPU only).
@@ -474,7 +491,7 @@ class FusedGraph:
         lines = [
             f"fused: {len(self.kernels)} kernels (Inductor; traced in {trace_s:.1f} s, "
             f"compiled in {compile_s:.1f} s{self._parts_text()}), "
-            f"{'CUDA graph' if self.capture else 'no CUDA graph ' + self.no_capture}"
+            f"{'no CUDA graph ' + self.no_capture if self.no_capture else 'CUDA graph'}"
         ]
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")

@@ -9,6 +9,7 @@ the evaluation and activation graphs, op by op through
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,8 @@ import numpy as np
 import torch
 
 from sexpgpu.devices.cuda.executor import TorchGraph
-from sexpgpu.devices.state import SummingKernels, Sums
+from sexpgpu.devices.cuda.param_copies import ParamCopies
+from sexpgpu.devices.state import SummingKernels, Sums, add_sums, in_pieces
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import PeakTracker
@@ -28,8 +30,9 @@ class TorchKernels(SummingKernels):
     """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda).
 
     With `fused`, the training graph runs as a `FusedGraph` (Inductor's
-    kernels, summing into buffers this object owns, a CUDA graph on a GPU);
-    without it, or where the graph is `NotFusable`, op by op.
+    kernels, summing into buffers this object owns, a CUDA graph on a GPU)
+    reading the bf16 `copies` of the parameters that the update keeps
+    (`TorchOps` writes them); without it, op by op.
     """
 
     has_activations = True
@@ -42,19 +45,27 @@ class TorchKernels(SummingKernels):
         *,
         fused: Any = None,
         degree: int = 1,
+        copies: ParamCopies | None = None,
     ) -> None:
         self.compiled = compiled
         self.params = compiled.params
         self.device = device
-        self._train = TorchGraph(compiled.train_graph, device)
+        self.where = where
         self._eval = TorchGraph(compiled.eval_graph, device)
         self._activations: Any = None
         self._graph = TorchGraph
         self._tracker = PeakTracker(where)
         self.fused = fused
         self.degree = degree  # microbatches per call of `fused`
+        self.copies = ParamCopies() if copies is None else copies
         self._pending: list[Mapping[str, np.ndarray]] = []
+        self._pieces: dict[int, TorchKernels | None] = {}
         self._buffers: Sums | None = None
+
+    @functools.cached_property
+    def _train(self) -> TorchGraph:
+        """The training graph op by op: planned only where it runs (or its peak is asked)."""
+        return TorchGraph(self.compiled.train_graph, self.device)
 
     @property
     def last_peak_bytes(self) -> int:
@@ -86,9 +97,33 @@ class TorchKernels(SummingKernels):
         if self.degree > 1:
             batch = {name: np.stack([b[name] for b in pending]) for name in batch}
         buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
-        self.fused({**batch, **params}, buffers, zeros=sums.count == 0)
+        self.fused({**batch, **params}, buffers, copies=self.copies, zeros=sums.count == 0)
         self._pending = []
         sums.count += self.degree
+        return sums
+
+    def pieces(self, parts: int) -> TorchKernels | None:
+        """The training graph at ``1 / parts`` of the rows, op by op (after allocations failed)."""
+        if parts not in self._pieces:
+            smaller = self.compiled.pieces(parts)
+            self._pieces[parts] = (
+                None
+                if smaller is None
+                else TorchKernels(smaller, self.device, self.where, copies=self.copies)
+            )
+        return self._pieces[parts]
+
+    def accumulate_pieces(
+        self,
+        params: Mapping[str, Any],
+        batch: Mapping[str, np.ndarray],
+        sums: Sums | None,
+        parts: int,
+    ) -> Sums:
+        # Microbatches held for a stacked call are computed now, in pieces too.
+        batches = [*self._pending, batch]
+        sums = add_sums(sums, in_pieces(self, params, batches, parts))
+        self._pending = []
         return sums
 
     def _zeroed(self) -> Sums:
@@ -119,7 +154,3 @@ class TorchKernels(SummingKernels):
             self._activations = self._graph(self.compiled.activation_graph, self.device)
         out = self._activations({**batch, **params})
         return {path: float(value) for path, value in out.items()}
-
-    def report_lines(self) -> list[str]:
-        lines = self._train.report_lines()
-        return lines + (self.fused.report_lines() if self.fused is not None else [])

@@ -19,9 +19,9 @@ executor makes them once, at plan time.
 Precision of products: matmuls go through ``torch.matmul`` (cuBLAS on a
 GPU) with f32 accumulation. TF32 would silently round f32 operands to 10
 mantissa bits, so f32 graphs must run with
-``torch.backends.cuda.matmul.allow_tf32 = False``;
-`sexpgpu.devices.cuda.executor` sets that when it runs on CUDA
-(`full_precision`). bf16 products keep cuBLAS's defaults.
+``torch.backends.cuda.matmul.allow_tf32 = False``, PyTorch's default, which
+the cuda device sets once when it opens (`sexpgpu.devices.cuda.process`).
+bf16 products keep cuBLAS's defaults.
 
 torch is imported here, so this module is imported only lazily, by the
 cuda device.
@@ -50,7 +50,6 @@ __all__ = [
     "LOWERINGS",
     "LOWERING_EXEMPT",
     "TORCH_DTYPES",
-    "full_precision",
     "ids_checked_by_caller",
     "lowering",
     "torch_dtype",
@@ -87,20 +86,6 @@ def lowering(*ops: Op, kernel: str) -> Callable:
         return fn
 
     return decorate
-
-
-def full_precision(device: torch.device) -> None:
-    """Make f32 products on CUDA keep full precision: no TF32.
-
-    Process-wide torch flags (torch has no per-call switch); a no-op on the CPU.
-    bf16 products keep PyTorch's default, which lets cuBLAS sum split-K
-    partial products in bf16: forbidding it (measured on an H200) sends every
-    bf16 GEMM of GPT-2 small to Turing-era kernels at about half the speed.
-    """
-    if torch.device(device).type != "cuda":
-        return
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -1,16 +1,17 @@
 """`Replay`: a function that only queues kernels, captured as a CUDA graph and replayed.
 
-The update (the gradients' norm, the clipping factor, the optimizer's
-kernels) runs once a step over the same buffers, but as a few dozen
-launches of the host's: captured, it is one. A function qualifies when it
-reads nothing from the host but what the buffers and device scalars hold
-(`TorchOps.scalars`, refilled before each call), and its caller's `key`
-names those buffers. The first call with a key runs it as it is (warming up
-the libraries it calls), the second captures it and replays the capture,
-and every later call with that key replays. A new key (a checkpoint loaded
-new moments, say) starts over, and the old graph's memory is freed. A
-capture the driver refuses leaves plain calls, logged once. Either is said
-in `events` (the run's annotations).
+The one capture path of the cuda device: the fused training step
+(`sexpgpu.devices.cuda.fused`) and the update (the gradients' norm, the
+clipping factor, the optimizer's kernels) both go through it. A function
+qualifies when it reads nothing from the host but what its operands and
+device scalars hold (refilled in place before each call), and its caller's
+`key` names those operands (their addresses: a capture reads and writes
+memory, whichever tensors hold it). The first call with a key runs it as it
+is (warming up the libraries it calls), the second captures it and replays
+the capture, and every later call with that key replays. A new key (a
+checkpoint loaded new moments, say) starts over, and the old graph's memory
+is freed. A capture the driver refuses leaves plain calls, logged once and
+said in `events` (the run's annotations) where the caller keeps them.
 """
 
 from __future__ import annotations
@@ -27,10 +28,22 @@ log = logging.getLogger(__name__)
 
 
 class Replay:
-    """Calls of queue-only functions on `device`, captured per key (see the module docstring)."""
+    """Calls of queue-only functions on `device`, captured per key (see the module docstring).
 
-    def __init__(self, device: torch.device, events: list[str]) -> None:
+    Parameters
+    ----------
+    device
+        Where the calls run; only CUDA devices capture.
+    what
+        Names the captured function in the log and `events` (``update``).
+    events
+        Where the capture's news goes (the run's annotations), or None.
+    """
+
+    def __init__(self, device: torch.device, what: str, events: list[str] | None = None) -> None:
         self.device = device
+        self.enabled = device.type == "cuda"  # only CUDA devices capture
+        self.what = what
         self.events = events
         self.refused: str | None = None  # why the driver refused a capture, if it did
         self.captures = 0
@@ -39,19 +52,34 @@ class Replay:
         self._graph: Any = None
         self._result: Any = None
 
+    @property
+    def captured(self) -> bool:
+        return self._graph is not None
+
     def forget(self) -> None:
         """Drop the capture: what it reads (a launch table, say) may be gone. Keys start over."""
         self._graph = self._result = self._key = self._seen = None
 
-    def __call__(self, key: tuple[Any, ...], queue: Callable[[], Any]) -> Any:
-        if self.device.type != "cuda" or self.refused is not None:
-            return queue()
+    def __call__(
+        self,
+        key: tuple[Any, ...],
+        queue: Callable[[], Any],
+        plain: Callable[[], Any] | None = None,
+    ) -> Any:
+        """`queue()`, replayed from a capture where one is made (see the module docstring).
+
+        `plain` is what runs in place of a capture or replay (default `queue`):
+        a caller may make a plain call safe to retry where a replay needs nothing.
+        """
+        plain = queue if plain is None else plain
+        if not self.enabled or self.refused is not None:
+            return plain()
         if self._graph is not None and key == self._key:
             self._graph.replay()
             return self._result
         if key != self._seen:  # first sight: a plain call, which also warms up
             self._seen = key
-            return queue()
+            return plain()
         self._graph = self._result = None  # the old graph's memory goes first
         try:
             graph = torch.cuda.CUDAGraph()
@@ -60,11 +88,15 @@ class Replay:
                 result = queue()
         except RuntimeError as error:  # nothing ran: a capture only records
             self.refused = f"{type(error).__name__}: {error}"
-            log.warning("no CUDA graph of the update (%s); it runs without one", error)
-            self.events.append(f"update: no CUDA graph ({self.refused}); launched each step")
-            return queue()
+            log.warning("no CUDA graph of the %s (%s); it runs without one", self.what, error)
+            self._note(f"{self.what}: no CUDA graph ({self.refused}); launched each step")
+            return plain()
         self._graph, self._key, self._result = graph, key, result
         self.captures += 1
-        self.events.append("update: captured as a CUDA graph, replayed from this step on")
+        self._note(f"{self.what}: captured as a CUDA graph, replayed from this step on")
         graph.replay()
         return result
+
+    def _note(self, line: str) -> None:
+        if self.events is not None:
+            self.events.append(line)

@@ -136,10 +136,7 @@ def in_pieces(
     assert small is not None, "split only where the graph allows it"
     total: Sums | None = None
     for batch in batches:
-        rows = len(next(iter(batch.values())))
-        step = rows // parts
-        for lo in range(0, rows, step):
-            piece = {name: array[lo : lo + step] for name, array in batch.items()}
+        for piece in _row_pieces(batch, kernels.compiled.rows, parts):
             total = summed(total, *small.train_step(params, piece))
     assert total is not None
     scale = 1.0 / parts
@@ -147,6 +144,20 @@ def in_pieces(
     total.grads = {k: g * scale for k, g in total.grads.items()}
     total.count = len(batches)
     return total
+
+
+def _row_pieces(
+    batch: Mapping[str, np.ndarray], rows: int, parts: int
+) -> list[dict[str, np.ndarray]]:
+    """`batch` cut in `parts` along the rows (fields without them, if any, go whole)."""
+    step = rows // parts
+    return [
+        {
+            name: array[lo : lo + step] if np.ndim(array) and len(array) == rows else array
+            for name, array in batch.items()
+        }
+        for lo in range(0, rows, step)
+    ]
 
 
 def add_sums(sums: Sums | None, more: Sums) -> Sums:

@@ -25,7 +25,7 @@ from sexpgpu.devices.arrays import NUMPY, ArrayOps
 from sexpgpu.devices.base import EvalResult, HostState
 from sexpgpu.devices.collectives import sum_over_ranks
 from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
-from sexpgpu.ir.compile import ParamInfo
+from sexpgpu.ir.compile import CompiledRun, ParamInfo
 from sexpgpu.runtime.oom import SplitState, call_with_split
 
 __all__ = ["Kernels", "SummingKernels", "Sums", "TrainState", "add_sums", "in_pieces", "summed"]
@@ -59,6 +59,7 @@ class Kernels(Protocol):
     name; batches arrive as host NumPy arrays (the kernels upload them).
     """
 
+    compiled: CompiledRun
     params: Mapping[str, ParamInfo]
     has_activations: bool
     last_peak_bytes: int  # the most bytes the last call held at once

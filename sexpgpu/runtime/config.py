@@ -16,6 +16,8 @@ SEXPGPU_NODE_RANK          this node's number, 0 to nodes - 1         ``0``
 SEXPGPU_RENDEZVOUS         ``host:port`` where node 0 listens         none
 SEXPGPU_NODE_GRADIENTS     ``bf16`` or ``f32`` cross-node sums        ``bf16``
 SEXPGPU_NODE_TIMEOUT       seconds a node waits for the others        ``300``
+SEXPGPU_DETERMINISTIC      ``1``: cuda runs repeat bit for bit;       the cuda
+                           ``0``: the fastest kernels                 device's
 =========================  =========================================  ==========
 
 Several nodes run on ``cuda`` or on ``cpu``: cpu nodes sum over Gloo, to
@@ -33,7 +35,14 @@ from sexpgpu.errors import SexpgpuError
 from sexpgpu.runtime.devices import DEVICE_KINDS, Device, visible_gpu_count
 from sexpgpu.runtime.units import parse_bytes
 
-__all__ = ["ENV_VARS", "NODE_GRADIENT_DTYPES", "NODE_TIMEOUT", "RuntimeConfig", "check_env"]
+__all__ = [
+    "ENV_VARS",
+    "NODE_GRADIENT_DTYPES",
+    "NODE_TIMEOUT",
+    "RuntimeConfig",
+    "check_env",
+    "deterministic_setting",
+]
 
 ENV_VARS: tuple[str, ...] = (
     "SEXPGPU_DEVICE",
@@ -44,6 +53,7 @@ ENV_VARS: tuple[str, ...] = (
     "SEXPGPU_RENDEZVOUS",
     "SEXPGPU_NODE_GRADIENTS",
     "SEXPGPU_NODE_TIMEOUT",
+    "SEXPGPU_DETERMINISTIC",
 )
 NODE_GRADIENT_DTYPES: tuple[str, ...] = ("bf16", "f32")
 # DESIGN.md: a node that has not arrived after 300 s stops the run.
@@ -71,6 +81,9 @@ class RuntimeConfig:
     node_timeout
         Seconds a node waits for the others, at the rendezvous and at each
         cross-node collective, before the run stops with E-DP-007.
+    deterministic
+        ``SEXPGPU_DETERMINISTIC``: whether cuda runs repeat bit for bit;
+        None: the cuda device's default.
     """
 
     device: str = "cpu"
@@ -81,6 +94,7 @@ class RuntimeConfig:
     rendezvous: tuple[str, int] | None = None
     node_gradients: str = "bf16"
     node_timeout: float = NODE_TIMEOUT
+    deterministic: bool | None = None
 
     @classmethod
     def from_env(
@@ -176,6 +190,7 @@ def _read(
         attempt("rendezvous", lambda: _rendezvous(environ, nodes))
     attempt("node_gradients", lambda: _node_gradients(environ))
     attempt("node_timeout", lambda: _node_timeout(environ))
+    attempt("deterministic", lambda: deterministic_setting(environ))
     return values, problems
 
 
@@ -272,6 +287,25 @@ def _memory(text: str) -> int | None:
             hint="write a number with a unit, such as SEXPGPU_MEMORY=40GiB, 40GB or 512MiB, "
             "or a plain number of bytes; unset it to detect the free memory",
         ) from None
+
+
+def deterministic_setting(environ: Mapping[str, str]) -> bool | None:
+    """``SEXPGPU_DETERMINISTIC``: True (``1``), False (``0``), or None when unset.
+
+    Unset, the cuda device takes its default (docs/devices.md says which and why).
+    """
+    text = environ.get("SEXPGPU_DETERMINISTIC", "").strip()
+    if not text:
+        return None
+    if text in ("0", "1"):
+        return text == "1"
+    raise SexpgpuError(
+        "E-CLI-001",
+        f"SEXPGPU_DETERMINISTIC={_quote(text)} is neither 0 nor 1",
+        "SEXPGPU_DETERMINISTIC",
+        hint="SEXPGPU_DETERMINISTIC=1 makes cuda runs repeat bit for bit, 0 takes the fastest "
+        "kernels; unset it for the device's default",
+    )
 
 
 def _positive_int(text: str) -> int | None:

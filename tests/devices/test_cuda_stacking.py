@@ -80,3 +80,14 @@ def test_the_model_prefers_fewer_launches_for_small_graphs() -> None:
     one = model.step_ms(calls=4, flops=10**6, moved_bytes=10**5, nodes=200)
     four = model.step_ms(calls=1, flops=4 * 10**6, moved_bytes=4 * 10**5, nodes=210)
     assert four < 0.5 * one
+
+
+def test_a_deterministic_run_takes_the_models_pick_and_measures_nothing() -> None:
+    def never(d: int) -> float:
+        raise AssertionError("a measurement may differ between runs")
+
+    choice = choose([2, 1], {2: 130.5, 1: 131.0}, key="k", path=None, measure=never)
+    assert choice.degree == 2
+    assert choice.reason == (
+        "the cost model's pick (130.5 ms; 1 131.0 ms), deterministic: nothing measured"
+    )

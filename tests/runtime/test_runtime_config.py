@@ -358,3 +358,15 @@ def test_device_names():
     for bad in ["gpu:0", "cuda:x", "cuda:-1", ""]:
         with pytest.raises(ValueError, match="is not a device"):
             parse_device(bad)
+
+
+def test_deterministic_is_0_or_1_or_the_devices_default():
+    from sexpgpu.runtime.config import deterministic_setting
+
+    assert deterministic_setting({}) is None
+    assert deterministic_setting({"SEXPGPU_DETERMINISTIC": "1"}) is True
+    assert RuntimeConfig.from_env({"SEXPGPU_DETERMINISTIC": "0"}).deterministic is False
+    with pytest.raises(SexpgpuError) as err:
+        RuntimeConfig.from_env({"SEXPGPU_DETERMINISTIC": "yes"})
+    assert err.value.code == "E-CLI-001"
+    assert "SEXPGPU_DETERMINISTIC='yes' is neither 0 nor 1" in err.value.message

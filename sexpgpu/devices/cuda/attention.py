@@ -68,9 +68,10 @@ def select_sdpa_backend(device: torch.device, dtype: torch.dtype | None = None) 
 
     CUDA, bf16/f16: ``cudnn`` on Hopper (compute capability 9.x; its kernels
     took the GPT-2 small step's attention from 6.0 to 4.3 ms on an H200 against
-    ``flash``, benches/README.md), ``flash`` on other GPUs of capability 8.0
-    or newer; f32: ``efficient``; else ``math``. Each only where PyTorch has
-    it enabled. CPU: ``flash-cpu`` when this torch has it, else ``math``.
+    ``flash``, benches/README.md) unless runs are deterministic, ``flash``
+    on other GPUs of capability 8.0 or newer; f32: ``efficient``; else
+    ``math``. Each only where PyTorch has it enabled. CPU: ``flash-cpu``
+    when this torch has it, else ``math``.
     """
     dtype = torch.bfloat16 if dtype is None else dtype
     device = torch.device(device)
@@ -80,7 +81,10 @@ def select_sdpa_backend(device: torch.device, dtype: torch.dtype | None = None) 
     if device.type != "cuda":
         return "math"
     major, _ = torch.cuda.get_device_capability(device)
-    if dtype in _HALF and major == 9 and torch.backends.cuda.cudnn_sdp_enabled():
+    # cuDNN's backward has no deterministic mode; flash's has (dq summed in order).
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    cudnn = cudnn and not torch.are_deterministic_algorithms_enabled()
+    if dtype in _HALF and major == 9 and cudnn:
         return "cudnn"
     if dtype in _HALF and major >= 8 and torch.backends.cuda.flash_sdp_enabled():
         return "flash"

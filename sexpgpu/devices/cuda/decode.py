@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from sexpgpu.devices.cuda.device import _torch
+from sexpgpu.devices.cuda.device import import_torch
 from sexpgpu.devices.cuda.executor import TorchGraph
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.ir.node import Graph
@@ -42,7 +42,7 @@ class TorchDecodeStep:
     def __init__(
         self, graph: Graph, params: Mapping[str, np.ndarray], where: DeviceId | None
     ) -> None:
-        torch = _torch()
+        torch = import_torch()
         self.torch = torch
         if where is not None:
             require_capability([where])

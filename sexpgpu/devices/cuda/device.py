@@ -16,29 +16,24 @@ name. torch is imported when the device is made, never before.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, compile_workers
+from sexpgpu.devices.cuda.planner import CudaPlan, Planner, fused_graph
 from sexpgpu.devices.state import TrainState
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.ir.compile import CompiledRun, matmul_flops
-from sexpgpu.ir.dtypes import DType, numpy_dtype
+from sexpgpu.ir.compile import CompiledRun
 from sexpgpu.ir.node import Graph
-from sexpgpu.ir.ops import FUSED, Op
+from sexpgpu.ir.ops import FUSED
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.devices import require_capability
-from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
     from sexpgpu.devices.cuda.fused import FusedGraph
-    from sexpgpu.devices.cuda.stacking import Choice
 
-__all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "CudaPlan"]
+__all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "CudaPlan", "import_torch"]
 
 # What cuBLAS takes from PyTorch's caching allocator per handle and stream, as
 # PyTorch sizes it on Hopper: its workspace (CUBLAS_WORKSPACE_CONFIG :4096:8)
@@ -46,7 +41,8 @@ __all__ = ["CUBLAS_WORKSPACE", "CudaDevice", "CudaPlan"]
 CUBLAS_WORKSPACE = 33 * 2**20
 
 
-def _torch() -> Any:
+def import_torch() -> Any:
+    """torch, or E-DEV-002 where it is not installed."""
     try:
         import torch
     except ImportError:
@@ -57,46 +53,6 @@ def _torch() -> Any:
             hint="pip install 'sexpgpu[cuda]' (a CUDA build of PyTorch), or use --device cpu",
         ) from None
     return torch
-
-
-@dataclass(frozen=True)
-class CudaPlan:
-    """What `CudaDevice.plan` decided for a run; `report` and `load` take it.
-
-    Attributes
-    ----------
-    compiled
-        The run.
-    memory
-        The most one GPU holds at once, by part.
-    microbatches
-        Microbatches per rank and step.
-    choice
-        The stacking degree and why.
-    stacked
-        The training graph at that degree (the graph itself at 1).
-    fused
-        `stacked` compiled for the first device (`FusedGraph`), why it cannot
-        be (a string), or None where nothing was compiled (op by op, or no
-        GPU to compile for: a run compiles it when it loads).
-    live
-        (bytes, where) of the larger live set: the schedule's node at the
-        peak, or the name of the call a dry call measured.
-    copy_bytes
-        The fused step's bf16 parameter copies (`sexpgpu.devices.cuda.param_copies`).
-    lowering
-        The lowering report's lines of the training graph's schedule.
-    """
-
-    compiled: CompiledRun
-    memory: MemoryPlan
-    microbatches: int
-    choice: Choice
-    stacked: Graph
-    fused: FusedGraph | str | None
-    live: tuple[int, Any]
-    copy_bytes: int
-    lowering: tuple[str, ...]
 
 
 class CudaDevice:
@@ -113,22 +69,38 @@ class CudaDevice:
     fuse
         Whether the training graph is compiled (`FusedGraph`); by default on
         a GPU only (Inductor's C++ compile takes seconds per graph).
+    deterministic
+        Whether runs repeat bit for bit (`sexpgpu.devices.cuda.process`);
+        None reads ``SEXPGPU_DETERMINISTIC``, unset: the device's default.
     """
 
     name = "cuda"
 
-    def __init__(self, torch_device: str = "cuda", *, fuse: bool | None = None) -> None:
-        self.torch = _torch()
+    def __init__(
+        self,
+        torch_device: str = "cuda",
+        *,
+        fuse: bool | None = None,
+        deterministic: bool | None = None,
+    ) -> None:
+        from sexpgpu.runtime.config import deterministic_setting
+
+        self.torch = import_torch()
         self.kind = torch_device
         gpu = torch_device == "cuda" and self.torch.cuda.is_available()
         # Where the plan and the report look: the first GPU, or the CPU without one.
         self.first = "cuda:0" if gpu and self.torch.cuda.device_count() else "cpu"
         self.on_gpu = self.first != "cpu"
         self.fuse = torch_device == "cuda" if fuse is None else fuse
+        setting = deterministic_setting(os.environ) if deterministic is None else deterministic
+        self.chosen = setting is not None  # by SEXPGPU_DETERMINISTIC, or the default's
         if self.kind == "cuda":
-            from sexpgpu.devices.cuda.process import open_settings
+            from sexpgpu.devices.cuda.process import BY_DEFAULT, open_settings
 
-            open_settings()
+            self.deterministic = BY_DEFAULT if setting is None else setting
+            open_settings(self.deterministic)
+        else:  # PyTorch's CPU device sums in one order every run
+            self.deterministic = True
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -156,39 +128,41 @@ class CudaDevice:
         """
         # Their imports overlap the trace; they stop once the plan is made, or fails.
         nodes = len(compiled.train_graph.nodes())
-        pool = CompilePool(compile_workers(self.on_gpu and self._captures(), nodes))
+        pool = CompilePool(compile_workers(self.on_gpu and self.captures, nodes))
         try:
-            return _Planner(self, compiled, microbatches, pool).plan(moments, ranks, memory)
+            return Planner(self, compiled, microbatches, pool).plan(moments, ranks, memory)
         finally:
             pool.close()  # later graphs (other GPUs', a resume's) compile in-process
 
-    def _blas_streams(self) -> int:
-        """How many (thread, stream) pairs hold a cuBLAS workspace: PyTorch keeps one per pair.
+    def library_workspace(self) -> int:
+        """What cuBLAS and cuBLASLt take from PyTorch's allocator, in bytes.
 
-        The rank's thread computes on its stream; where steps are captured,
-        the capture's stream is a second, and the thread that plans (its
-        trace and dry call run the step) holds a third.
+        PyTorch keeps a cuBLAS workspace per (thread, stream) pair: the rank's
+        thread computes on its stream; where steps are captured, the
+        capture's stream is a second, and the thread that plans (its trace and
+        dry call run the step) holds a third. Captured steps' products with
+        gelu in their epilogues have a cuBLASLt workspace of their own.
         """
-        return 3 if self._captures() else 1
-
-    def _epilogues(self) -> int:
-        """The workspace of the products with gelu in their epilogues (fused steps on a GPU)."""
         from sexpgpu.devices.cuda.cublaslt import WORKSPACE
 
-        return WORKSPACE if self._captures() else 0
+        if self.captures:
+            return 3 * CUBLAS_WORKSPACE + WORKSPACE
+        return CUBLAS_WORKSPACE
 
-    def _captures(self) -> bool:
+    @property
+    def captures(self) -> bool:
         """Whether training calls are replayed as CUDA graphs (fused, on a GPU)."""
         return self.fuse and self.kind == "cuda"
 
-    def _device_name(self) -> str:
+    def device_name(self) -> str:
+        """The GPU's name and torch's version: the key of remembered stacking choices."""
         if not self.on_gpu:
             return f"torch-cpu/{self.torch.__version__}"
         return f"{self.torch.cuda.get_device_name(0)}/torch {self.torch.__version__}"
 
     def report(self, plan: CudaPlan) -> list[str]:
         """Device and capability, patterns matched and where, kernels, attention, the plan."""
-        lines = [self._device_line()]
+        lines = [self._device_line(), self._determinism_line()]
         lines += _pattern_lines(plan.compiled.train_graph)
         lines += plan.lowering
         lines += self._fused_lines(plan)
@@ -217,6 +191,21 @@ class CudaDevice:
             f"cuDNN {cudnn or 'none'}"
         )
 
+    def _determinism_line(self) -> str:
+        if self.kind != "cuda":
+            return "determinism: on (PyTorch's CPU device sums in one order)"
+        why = "SEXPGPU_DETERMINISTIC" if self.chosen else "the default"
+        if self.deterministic:
+            return (
+                f"determinism: on ({why}): the same file, seed and GPU give the same bits "
+                "(ordered embedding-gradient sums, flash attention's deterministic backward, "
+                "Inductor's kernels chosen without timing, stacking by the cost model)"
+            )
+        return (
+            f"determinism: off ({why}): the fastest kernels, whose sums may differ in the last "
+            "bits from run to run; SEXPGPU_DETERMINISTIC=1 makes runs repeat bit for bit"
+        )
+
     def _fused_lines(self, plan: CudaPlan) -> list[str]:
         lines = [plan.choice.line()]
         if not self.fuse:
@@ -229,7 +218,7 @@ class CudaDevice:
 
     def _compile(self, plan: CudaPlan, device: Any) -> FusedGraph | str:
         """`plan.stacked` compiled for `device`, or why it cannot be."""
-        return _fused_graph(
+        return fused_graph(
             plan.stacked, device, self.torch, overwrite=plan.choice.degree == plan.microbatches
         )
 
@@ -265,226 +254,6 @@ class CudaDevice:
         return TrainState(kernels, TorchOps(device, copies), plan=plan.memory)
 
 
-class _Planner:
-    """One `CudaDevice.plan` call's work: each candidate degree's graphs, made once.
-
-    It lives for the call; what it decides goes into the `CudaPlan` it returns.
-    """
-
-    def __init__(
-        self, device: CudaDevice, compiled: CompiledRun, per_rank: int, pool: CompilePool
-    ) -> None:
-        self.device, self.compiled, self.per_rank, self.pool = device, compiled, per_rank, pool
-        self.torch = device.torch
-        self.first = self.torch.device(device.first)
-        self._stacks: dict[int, Graph] = {}
-        self._live: dict[int, tuple[int, Any]] = {}
-        self._fused: dict[int, FusedGraph | str] = {}
-        self._eval: tuple[int, Any] | None = None
-
-    def plan(self, moments: int, ranks: int, memory: int | None) -> CudaPlan:
-        device = self.device
-        budget = detect_budget(device.first, memory)
-
-        def plan_at(degree: int, live: tuple[int, Any], copy_bytes: int = 0) -> MemoryPlan:
-            parts = self._parts(degree, moments, ranks, live[0], copy_bytes)
-            return MemoryPlan(budget, parts)
-
-        choice = self._choose(lambda d: plan_at(d, self._live_set(d)).fits)
-        degree = choice.degree
-        live, copy_bytes = self._live_set(degree), 0
-        memory_plan = plan_at(degree, live)
-        # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
-        if device._captures() and device.on_gpu and memory_plan.fits:
-            measured = self._dry_call(degree)
-            if measured is not None:
-                live, copy_bytes = measured
-                memory_plan = plan_at(degree, live, copy_bytes)
-        # Compiled here where a device can run it; without a GPU, the run's load compiles it.
-        compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
-        schedule = _lowering_lines(self.compiled.train_graph, self.first)
-        return CudaPlan(
-            compiled=self.compiled,
-            memory=memory_plan,
-            microbatches=self.per_rank,
-            choice=choice,
-            stacked=self._stacked(degree),
-            fused=self._fused_graph(degree) if compiles else None,
-            live=live,
-            copy_bytes=copy_bytes,
-            lowering=tuple(schedule),
-        )
-
-    def _parts(
-        self, degree: int, moments: int, ranks: int, live: int, copy_bytes: int
-    ) -> dict[str, int]:
-        device, compiled = self.device, self.compiled
-        params = 4 * compiled.param_count
-        constants = _constant_bytes(compiled.train_graph)
-        fed = _fed_param_bytes(compiled.train_graph)
-        largest = max((4 * info.size for info in compiled.params.values()), default=0)
-        return {
-            "parameters": params,
-            # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
-            "parameter copies": copy_bytes,
-            "optimizer": moments * params,
-            "gradients": params if device.fuse or self.per_rank > 1 else 0,
-            "constants": constants,
-            "activations": max(0, live - fed - constants),
-            "workspace": CUBLAS_WORKSPACE * device._blas_streams()
-            + 3 * largest
-            + device._epilogues(),
-            # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
-            "collectives": params if ranks > 1 else 0,
-        }
-
-    def _stacked(self, degree: int) -> Graph:
-        """The training graph running `degree` microbatches per call (1: the graph itself)."""
-        from sexpgpu.ir.stack import stack_microbatches
-
-        if degree == 1:
-            return self.compiled.train_graph
-        if degree not in self._stacks:
-            self._stacks[degree] = stack_microbatches(self.compiled.train_graph, degree)
-        return self._stacks[degree]
-
-    def _live_set(self, degree: int) -> tuple[int, Any]:
-        """(bytes, node at the peak) of the larger of the training and evaluation schedules."""
-        if degree not in self._live:
-            train = _schedule_peak(self._stacked(degree), self.torch)
-            self._live[degree] = max(train, self._eval_live(), key=_bytes)
-        return self._live[degree]
-
-    def _eval_live(self) -> tuple[int, Any]:
-        if self._eval is None:
-            self._eval = _schedule_peak(self.compiled.eval_graph, self.torch)
-        return self._eval
-
-    def _fused_graph(self, degree: int) -> FusedGraph | str:
-        """The training graph at `degree` compiled for the first device, or why it cannot be.
-
-        Kept for the call: the measurement, the dry call and the plan share it.
-        """
-        if degree not in self._fused:
-            self._fused[degree] = _fused_graph(
-                self._stacked(degree),
-                self.first,
-                self.torch,
-                # A step of one call writes its sums (nothing to zero, nothing read back).
-                overwrite=degree == self.per_rank,
-                pool=self.pool,
-            )
-        return self._fused[degree]
-
-    def _dry_call(self, degree: int) -> tuple[tuple[int, Any], int] | None:
-        """The live set and copy bytes measured over calls on zeros, or None where it cannot be.
-
-        The training side is the fused call's; the evaluation graph, which
-        runs op by op, is called on zeros too (its schedule's estimate counts
-        every f32 row cross-entropy may hold).
-        """
-        from sexpgpu.devices.cuda.executor import TorchGraph
-
-        fused = self._fused_graph(degree)
-        if isinstance(fused, str):
-            return None
-        peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
-        if peak is None:
-            return None
-        compiled = self.compiled
-        evaluation = self._eval_live()
-        graph = TorchGraph(compiled.eval_graph, self.first)
-        feeds = _zero_feeds(compiled.eval_graph, self.torch, self.first)
-        measured = call_peak_bytes(self.first, lambda: graph(feeds))
-        if measured is not None:
-            evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
-        train = (peak + _leaf_bytes(fused.graph), "fused training call")
-        return max(train, evaluation, key=_bytes), fused.copy_bytes
-
-    def _choose(self, fits: Callable[[int], bool]) -> Choice:
-        """The stacking degree (see `sexpgpu.devices.cuda.stacking`)."""
-        from sexpgpu.devices.cuda.stacking import (
-            Choice,
-            CostModel,
-            choices_path,
-            choose,
-            degrees,
-            graph_key,
-        )
-        from sexpgpu.ir.printer import format_graph
-
-        device, compiled, per_rank = self.device, self.compiled, self.per_rank
-        if not device.fuse:
-            return Choice(1, "op by op, one microbatch per call")
-        fitting = [d for d in degrees(per_rank) if d == 1 or fits(d)]
-        bf16 = any(n.dtype is DType.BF16 for n in compiled.train_graph.nodes() if n.op is Op.MATMUL)
-        model = CostModel.for_dtype("bf16" if bf16 else "f32")
-        model_ms = {}
-        for d in fitting:
-            graph = self._stacked(d)
-            moved = 3 * 4 * compiled.param_count + self._live_set(d)[0]
-            calls, nodes = per_rank // d, len(graph.nodes())
-            model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
-        text = format_graph(compiled.train_graph, spans=False)
-        return choose(
-            fitting,
-            model_ms,
-            key=graph_key(text, device._device_name(), per_rank),
-            path=choices_path(),
-            measure=self._measure if device.on_gpu else None,
-        )
-
-    def _measure(self, degree: int) -> float:
-        """Milliseconds of one step's calls at `degree` on the first GPU (zeros fed)."""
-        torch = self.torch
-        fused = self._fused_graph(degree)
-        if isinstance(fused, str):
-            return float("inf")
-        feeds = _zero_feeds(fused.graph, torch, fused.device)
-        buffers = fused.zero_buffers()
-        for _ in range(3):  # a plain call, the capture, a replay
-            fused(feeds, buffers, zeros=True)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        reps = 5
-        start.record()
-        for _ in range(reps):
-            fused(feeds, buffers, zeros=True)
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / reps * (self.per_rank // degree)
-
-
-def _fused_graph(
-    graph: Graph,
-    device: Any,
-    torch: Any,
-    *,
-    overwrite: bool,
-    pool: CompilePool | None = None,
-) -> FusedGraph | str:
-    """`graph` compiled for `device` summing into its buffers, or why it cannot be."""
-    from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
-
-    try:
-        return FusedGraph(
-            graph,
-            device,
-            sums=list(graph.outputs),
-            examples=_zero_feeds(graph, torch, device),
-            overwrite=overwrite,
-            pool=pool,
-        )
-    except NotFusable as why:
-        return str(why)
-
-
-def _lowering_lines(graph: Graph, device: Any) -> list[str]:
-    """The lowering report of `graph`'s op-by-op schedule on `device`."""
-    from sexpgpu.devices.cuda.executor import TorchGraph
-
-    return TorchGraph(graph, device).report_lines()
-
-
 def _pattern_lines(graph: Graph) -> list[str]:
     """``pattern attention x12 at gpt.lisp:31:14 (fused kernel)``: each fused op and where."""
     seen: Counter = Counter()
@@ -496,41 +265,3 @@ def _pattern_lines(graph: Graph) -> list[str]:
         f"pattern: {op.label} x{count} from {where}"
         for (op, where), count in sorted(seen.items(), key=lambda kv: (kv[0][0].value, kv[0][1]))
     ]
-
-
-def _schedule_peak(graph: Graph, torch: Any) -> tuple[int, Any]:
-    """(bytes, node at the peak) of `graph`'s op-by-op schedule, planned on the CPU."""
-    from sexpgpu.devices.cuda.executor import TorchGraph
-
-    plan = TorchGraph(graph, torch.device("cpu"))  # planning allocates only small constants
-    return plan.planned_peak_bytes, plan.peak_node
-
-
-def _bytes(live: tuple[int, Any]) -> int:
-    return live[0]
-
-
-def _zero_feeds(graph: Graph, torch: Any, device: Any) -> dict[str, Any]:
-    """Zeros for every fed leaf: the trace runs once on them (0 is a valid id)."""
-    feeds: dict[str, Any] = {}
-    for node in graph.nodes():
-        if node.op is Op.INPUT:
-            feeds[node.name] = np.zeros(node.shape, numpy_dtype(node.dtype))
-        elif node.op is Op.PARAM:
-            feeds[node.name] = torch.zeros(node.shape, dtype=torch.float32, device=device)
-    return feeds
-
-
-def _constant_bytes(graph: Graph) -> int:
-    from sexpgpu.devices.cuda.executor import made_once_bytes
-
-    return sum(made_once_bytes(n) for n in graph.nodes() if n.op in (Op.CONSTANT, Op.IOTA))
-
-
-def _leaf_bytes(graph: Graph) -> int:
-    """What a dry call's live set leaves out: the fed parameters and the constants."""
-    return _fed_param_bytes(graph) + _constant_bytes(graph)
-
-
-def _fed_param_bytes(graph: Graph) -> int:
-    return sum(4 * n.size for n in graph.nodes() if n.op is Op.PARAM)

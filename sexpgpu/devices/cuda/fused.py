@@ -63,6 +63,7 @@ from sexpgpu.devices.cuda.fx_rewrites import (
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
 from sexpgpu.devices.cuda.param_copies import ParamCopies
+from sexpgpu.devices.cuda.process import inductor_options
 from sexpgpu.devices.cuda.replay import Replay
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
@@ -287,7 +288,7 @@ class FusedGraph:
 
         Sets `kernels` from each compile's provenance, in launch order.
         """
-        options = _provenance()
+        options = {**_provenance(), **inductor_options()}
         if self._pool is not None:
             try:  # on a copy: the split rewrites its graph
                 parted = self._compile_parts(copy.deepcopy(gm), options)

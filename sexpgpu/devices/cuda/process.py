@@ -9,6 +9,26 @@ call:
   which lets cuBLAS sum split-K partial products in bf16: forbidding it
   (measured on an H200) sends every bf16 GEMM of GPT-2 small to
   Turing-era kernels at about half the speed.
+- **Determinism** (``SEXPGPU_DETERMINISTIC``, default `BY_DEFAULT`): the
+  same file, seed and GPU give the same bits, and a resume the
+  uninterrupted run's. Each source of run-to-run variation is replaced:
+
+  =====================================  ======================================
+  source                                 deterministic equivalent
+  =====================================  ======================================
+  embedding gradients (``index_add_``,   PyTorch's sorted, ordered sums
+  Inductor's atomic ``index_put``)       (``torch.use_deterministic_algorithms``;
+                                         Inductor falls back to them)
+  attention backward (cuDNN's, flash's   flash attention's deterministic
+  atomic dq sums)                        backward; cuDNN's is not used
+  Inductor's reductions and padding      one configuration per kernel, chosen
+  chosen by timing them                  without timing (``deterministic``)
+  split-K products                       cuBLAS with a fixed workspace
+                                         (``CUBLAS_WORKSPACE_CONFIG``); the
+                                         cuBLASLt epilogues never sum in place
+  the stacking degree measured at the    the cost model's pick, never measured
+  first step (or remembered)             nor remembered
+  =====================================  ======================================
 
 Compile workers take the same settings from the parent
 (`sexpgpu.devices.cuda.compile_worker.settings`), so Inductor's cache keys
@@ -17,12 +37,38 @@ agree.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["open_settings"]
+__all__ = ["BY_DEFAULT", "deterministic", "inductor_options", "open_settings"]
+
+# Whether runs are deterministic unless SEXPGPU_DETERMINISTIC says: off, as it costs
+# more than 5% of GPT-2 small's step at batch 16 (benches/README.md).
+BY_DEFAULT = False
 
 
-def open_settings() -> None:
+def open_settings(determinism: bool) -> None:
     """Set the process's numerics switches for the cuda device (see the module docstring)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if determinism:
+        # cuBLAS refuses deterministic mode without a fixed workspace; this is the
+        # size PyTorch gives it on Hopper anyway (the memory plan counts it).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        # Our allocations are always written before they are read: no NaN fill.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    else:
+        torch.use_deterministic_algorithms(False)
+
+
+def deterministic() -> bool:
+    """Whether this process runs the cuda device deterministically (`open_settings`)."""
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def inductor_options() -> dict[str, bool]:
+    """Inductor's options for the mode: no timing that can change numerics when deterministic."""
+    known = hasattr(torch._inductor.config, "deterministic")
+    return {"deterministic": True} if known and deterministic() else {}

@@ -13,6 +13,10 @@ graph, so a rank's ``n`` microbatches take ``n / d`` calls (``d`` divides
 4. otherwise a measurement at the first step of the degrees the model could
    not separate, remembered for next time.
 
+Deterministic runs (`sexpgpu.devices.cuda.process`) take the cost model's
+pick and neither measure nor remember: a measurement may differ from one
+run to the next, and with it the sums' order.
+
 The cost model is a roofline per call: the products' FLOPs at the dtype's
 matmul rate, the parameters and live set moved once at the memory's
 bandwidth, and a launch per graph node. It knows the shapes, not the
@@ -126,7 +130,7 @@ def choose(
     model_ms: Mapping[int, float],
     *,
     key: str,
-    path: Path,
+    path: Path | None,
     measure: Callable[[int], float] | None,
 ) -> Choice:
     """The degree to run (see the module docstring for the order).
@@ -138,13 +142,22 @@ def choose(
     model_ms
         The cost model's step time per fitting degree.
     key, path
-        Where an earlier measurement is remembered.
+        Where an earlier measurement is remembered; path None: a deterministic
+        run, which takes the model's pick (nothing remembered or measured).
     measure
         Times one step at a degree (ms), or None where nothing can run yet
         (planning without a GPU).
     """
     if len(fitting) == 1:
         return Choice(fitting[0], "the only degree that fits the plan")
+    if path is None:
+        best = min(fitting, key=lambda d: (model_ms[d], -d))
+        others = ", ".join(f"{d} {model_ms[d]:.1f} ms" for d in fitting if d != best)
+        return Choice(
+            best,
+            f"the cost model's pick ({model_ms[best]:.1f} ms; {others}), deterministic: "
+            "nothing measured",
+        )
     entry = _remembered(path, key)
     if entry is not None and entry["degree"] in fitting:
         ms = {int(d): float(t) for d, t in entry.get("measured", {}).items()}

@@ -1,0 +1,329 @@
+"""`Planner`: what the cuda device decides for a run before anything is allocated.
+
+One `sexpgpu.devices.cuda.device.CudaDevice.plan` call makes a `Planner`,
+which makes each candidate stacking degree's graphs once (the stacked
+graph, its schedule's live set, its compiled step), chooses the degree
+(`sexpgpu.devices.cuda.stacking`), measures the chosen step's live set
+with a dry call where a GPU runs it, and returns everything as one value,
+`CudaPlan`, which the device's `report` and `load` take. Nothing outlives
+the call but that value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sexpgpu.devices.cuda.parallel_compile import CompilePool
+from sexpgpu.ir.compile import CompiledRun, matmul_flops
+from sexpgpu.ir.dtypes import DType, numpy_dtype
+from sexpgpu.ir.node import Graph
+from sexpgpu.ir.ops import Op
+from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
+
+if TYPE_CHECKING:
+    from sexpgpu.devices.cuda.device import CudaDevice
+    from sexpgpu.devices.cuda.fused import FusedGraph
+    from sexpgpu.devices.cuda.stacking import Choice
+
+__all__ = ["CudaPlan", "Planner", "fused_graph"]
+
+
+@dataclass(frozen=True)
+class CudaPlan:
+    """What `CudaDevice.plan` decided for a run; `report` and `load` take it.
+
+    Attributes
+    ----------
+    compiled
+        The run.
+    memory
+        The most one GPU holds at once, by part.
+    microbatches
+        Microbatches per rank and step.
+    choice
+        The stacking degree and why.
+    stacked
+        The training graph at that degree (the graph itself at 1).
+    fused
+        `stacked` compiled for the first device (`FusedGraph`), why it cannot
+        be (a string), or None where nothing was compiled (op by op, or no
+        GPU to compile for: a run compiles it when it loads).
+    live
+        (bytes, where) of the larger live set: the schedule's node at the
+        peak, or the name of the call a dry call measured.
+    copy_bytes
+        The fused step's bf16 parameter copies (`sexpgpu.devices.cuda.param_copies`).
+    lowering
+        The lowering report's lines of the training graph's schedule.
+    """
+
+    compiled: CompiledRun
+    memory: MemoryPlan
+    microbatches: int
+    choice: Choice
+    stacked: Graph
+    fused: FusedGraph | str | None
+    live: tuple[int, Any]
+    copy_bytes: int
+    lowering: tuple[str, ...]
+
+
+class Planner:
+    """One `CudaDevice.plan` call's work: each candidate degree's graphs, made once.
+
+    It lives for the call; what it decides goes into the `CudaPlan` it returns.
+    """
+
+    def __init__(
+        self, device: CudaDevice, compiled: CompiledRun, per_rank: int, pool: CompilePool
+    ) -> None:
+        self.device, self.compiled, self.per_rank, self.pool = device, compiled, per_rank, pool
+        self.torch = device.torch
+        self.first = self.torch.device(device.first)
+        self._stacks: dict[int, Graph] = {}
+        self._live: dict[int, tuple[int, Any]] = {}
+        self._fused: dict[int, FusedGraph | str] = {}
+        self._eval: tuple[int, Any] | None = None
+
+    def plan(self, moments: int, ranks: int, memory: int | None) -> CudaPlan:
+        device = self.device
+        budget = detect_budget(device.first, memory)
+
+        def plan_at(degree: int, live: tuple[int, Any], copy_bytes: int = 0) -> MemoryPlan:
+            parts = self._parts(degree, moments, ranks, live[0], copy_bytes)
+            return MemoryPlan(budget, parts)
+
+        choice = self._choose(lambda d: plan_at(d, self._live_set(d)).fits)
+        degree = choice.degree
+        live, copy_bytes = self._live_set(degree), 0
+        memory_plan = plan_at(degree, live)
+        # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
+        if device.captures and device.on_gpu and memory_plan.fits:
+            measured = self._dry_call(degree)
+            if measured is not None:
+                live, copy_bytes = measured
+                memory_plan = plan_at(degree, live, copy_bytes)
+        # Compiled here where a device can run it; without a GPU, the run's load compiles it.
+        compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
+        schedule = _lowering_lines(self.compiled.train_graph, self.first)
+        return CudaPlan(
+            compiled=self.compiled,
+            memory=memory_plan,
+            microbatches=self.per_rank,
+            choice=choice,
+            stacked=self._stacked(degree),
+            fused=self._fused_graph(degree) if compiles else None,
+            live=live,
+            copy_bytes=copy_bytes,
+            lowering=tuple(schedule),
+        )
+
+    def _parts(
+        self, degree: int, moments: int, ranks: int, live: int, copy_bytes: int
+    ) -> dict[str, int]:
+        device, compiled = self.device, self.compiled
+        params = 4 * compiled.param_count
+        constants = _constant_bytes(compiled.train_graph)
+        fed = _fed_param_bytes(compiled.train_graph)
+        largest = max((4 * info.size for info in compiled.params.values()), default=0)
+        return {
+            "parameters": params,
+            # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
+            "parameter copies": copy_bytes,
+            "optimizer": moments * params,
+            "gradients": params if device.fuse or self.per_rank > 1 else 0,
+            "constants": constants,
+            "activations": max(0, live - fed - constants),
+            "workspace": device.library_workspace() + 3 * largest,
+            # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
+            "collectives": params if ranks > 1 else 0,
+        }
+
+    def _stacked(self, degree: int) -> Graph:
+        """The training graph running `degree` microbatches per call (1: the graph itself)."""
+        from sexpgpu.ir.stack import stack_microbatches
+
+        if degree == 1:
+            return self.compiled.train_graph
+        if degree not in self._stacks:
+            self._stacks[degree] = stack_microbatches(self.compiled.train_graph, degree)
+        return self._stacks[degree]
+
+    def _live_set(self, degree: int) -> tuple[int, Any]:
+        """(bytes, node at the peak) of the larger of the training and evaluation schedules."""
+        if degree not in self._live:
+            train = _schedule_peak(self._stacked(degree), self.torch)
+            self._live[degree] = max(train, self._eval_live(), key=_bytes)
+        return self._live[degree]
+
+    def _eval_live(self) -> tuple[int, Any]:
+        if self._eval is None:
+            self._eval = _schedule_peak(self.compiled.eval_graph, self.torch)
+        return self._eval
+
+    def _fused_graph(self, degree: int) -> FusedGraph | str:
+        """The training graph at `degree` compiled for the first device, or why it cannot be.
+
+        Kept for the call: the measurement, the dry call and the plan share it.
+        """
+        if degree not in self._fused:
+            self._fused[degree] = fused_graph(
+                self._stacked(degree),
+                self.first,
+                self.torch,
+                # A step of one call writes its sums (nothing to zero, nothing read back).
+                overwrite=degree == self.per_rank,
+                pool=self.pool,
+            )
+        return self._fused[degree]
+
+    def _dry_call(self, degree: int) -> tuple[tuple[int, Any], int] | None:
+        """The live set and copy bytes measured over calls on zeros, or None where it cannot be.
+
+        The training side is the fused call's; the evaluation graph, which
+        runs op by op, is called on zeros too (its schedule's estimate counts
+        every f32 row cross-entropy may hold).
+        """
+        from sexpgpu.devices.cuda.executor import TorchGraph
+
+        fused = self._fused_graph(degree)
+        if isinstance(fused, str):
+            return None
+        peak = fused.call_peak_bytes(_zero_feeds(fused.graph, self.torch, fused.device))
+        if peak is None:
+            return None
+        compiled = self.compiled
+        evaluation = self._eval_live()
+        graph = TorchGraph(compiled.eval_graph, self.first)
+        feeds = _zero_feeds(compiled.eval_graph, self.torch, self.first)
+        measured = call_peak_bytes(self.first, lambda: graph(feeds))
+        if measured is not None:
+            evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
+        train = (peak + _leaf_bytes(fused.graph), "fused training call")
+        return max(train, evaluation, key=_bytes), fused.copy_bytes
+
+    def _choose(self, fits: Callable[[int], bool]) -> Choice:
+        """The stacking degree (see `sexpgpu.devices.cuda.stacking`)."""
+        from sexpgpu.devices.cuda.stacking import (
+            Choice,
+            CostModel,
+            choices_path,
+            choose,
+            degrees,
+            graph_key,
+        )
+        from sexpgpu.ir.printer import format_graph
+
+        device, compiled, per_rank = self.device, self.compiled, self.per_rank
+        if not device.fuse:
+            return Choice(1, "op by op, one microbatch per call")
+        fitting = [d for d in degrees(per_rank) if d == 1 or fits(d)]
+        bf16 = any(n.dtype is DType.BF16 for n in compiled.train_graph.nodes() if n.op is Op.MATMUL)
+        model = CostModel.for_dtype("bf16" if bf16 else "f32")
+        model_ms = {}
+        for d in fitting:
+            graph = self._stacked(d)
+            moved = 3 * 4 * compiled.param_count + self._live_set(d)[0]
+            calls, nodes = per_rank // d, len(graph.nodes())
+            model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
+        text = format_graph(compiled.train_graph, spans=False)
+        return choose(
+            fitting,
+            model_ms,
+            key=graph_key(text, device.device_name(), per_rank),
+            # Deterministic runs measure nothing: a measurement may change between runs.
+            path=None if device.deterministic and device.on_gpu else choices_path(),
+            measure=self._measure if device.on_gpu else None,
+        )
+
+    def _measure(self, degree: int) -> float:
+        """Milliseconds of one step's calls at `degree` on the first GPU (zeros fed)."""
+        torch = self.torch
+        fused = self._fused_graph(degree)
+        if isinstance(fused, str):
+            return float("inf")
+        feeds = _zero_feeds(fused.graph, torch, fused.device)
+        buffers = fused.zero_buffers()
+        for _ in range(3):  # a plain call, the capture, a replay
+            fused(feeds, buffers, zeros=True)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 5
+        start.record()
+        for _ in range(reps):
+            fused(feeds, buffers, zeros=True)
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / reps * (self.per_rank // degree)
+
+
+def fused_graph(
+    graph: Graph,
+    device: Any,
+    torch: Any,
+    *,
+    overwrite: bool,
+    pool: CompilePool | None = None,
+) -> FusedGraph | str:
+    """`graph` compiled for `device` summing into its buffers, or why it cannot be."""
+    from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
+
+    try:
+        return FusedGraph(
+            graph,
+            device,
+            sums=list(graph.outputs),
+            examples=_zero_feeds(graph, torch, device),
+            overwrite=overwrite,
+            pool=pool,
+        )
+    except NotFusable as why:
+        return str(why)
+
+
+def _lowering_lines(graph: Graph, device: Any) -> list[str]:
+    """The lowering report of `graph`'s op-by-op schedule on `device`."""
+    from sexpgpu.devices.cuda.executor import TorchGraph
+
+    return TorchGraph(graph, device).report_lines()
+
+
+def _schedule_peak(graph: Graph, torch: Any) -> tuple[int, Any]:
+    """(bytes, node at the peak) of `graph`'s op-by-op schedule, planned on the CPU."""
+    from sexpgpu.devices.cuda.executor import TorchGraph
+
+    plan = TorchGraph(graph, torch.device("cpu"))  # planning allocates only small constants
+    return plan.planned_peak_bytes, plan.peak_node
+
+
+def _bytes(live: tuple[int, Any]) -> int:
+    return live[0]
+
+
+def _zero_feeds(graph: Graph, torch: Any, device: Any) -> dict[str, Any]:
+    """Zeros for every fed leaf: the trace runs once on them (0 is a valid id)."""
+    feeds: dict[str, Any] = {}
+    for node in graph.nodes():
+        if node.op is Op.INPUT:
+            feeds[node.name] = np.zeros(node.shape, numpy_dtype(node.dtype))
+        elif node.op is Op.PARAM:
+            feeds[node.name] = torch.zeros(node.shape, dtype=torch.float32, device=device)
+    return feeds
+
+
+def _constant_bytes(graph: Graph) -> int:
+    from sexpgpu.devices.cuda.executor import made_once_bytes
+
+    return sum(made_once_bytes(n) for n in graph.nodes() if n.op in (Op.CONSTANT, Op.IOTA))
+
+
+def _leaf_bytes(graph: Graph) -> int:
+    """What a dry call's live set leaves out: the fed parameters and the constants."""
+    return _fed_param_bytes(graph) + _constant_bytes(graph)
+
+
+def _fed_param_bytes(graph: Graph) -> int:
+    return sum(4 * n.size for n in graph.nodes() if n.op is Op.PARAM)

@@ -208,7 +208,7 @@ if args.side == "sexpgpu":
     compiled = compile_run(ex, ex.run())
     device = CudaDevice("cuda")
     memory_plan = device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=micro)
-    prog = device.load(compiled, Device("cuda", 0))
+    prog = device.load(memory_plan, Device("cuda", 0))
     prog.start(ex.run().optimizer, seed=1, state=None)
     parts = [t[i * args.batch : (i + 1) * args.batch] for i in range(micro)]
     batches = [{"tokens": p[:, :-1], "next": p[:, 1:]} for p in parts]
@@ -242,7 +242,7 @@ def clock(fn, reps: int = 10) -> float:
 wall = clock(step)
 print(f"step {wall:.1f} ms, {rows * 1024 / wall * 1e3:,.0f} tokens/s")
 peak = torch.cuda.max_memory_allocated() / 2**30
-planned = f" (plan {memory_plan.total / 2**30:.2f} GiB)" if args.side == "sexpgpu" else ""
+planned = f" (plan {memory_plan.memory.total / 2**30:.2f} GiB)" if args.side == "sexpgpu" else ""
 print(f"peak {peak:.2f} GiB{planned}")
 if args.side == "sexpgpu":
     fused = prog.kernels.fused

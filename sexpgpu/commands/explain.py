@@ -90,7 +90,7 @@ def _recompute_lines(compiled: CompiledRun, run: RunDef, environ: Mapping[str, s
         memory=config.memory,
     )
     lines = [f"{line} (cpu)" for line in fitted.lines()]
-    if not fitted.plan.fits:
+    if not fitted.plan.memory.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines
 

@@ -85,8 +85,8 @@ def evaluate_trained(
     loader = make_loader(dataset, batch=s.batch, microbatches=s.microbatches, seed=s.seed)
     _check_fields(loader.fields, compiled.inputs, dataset)
     plan = backend.plan(compiled, moments=moment_count(s.optimizer), ranks=1, memory=config.memory)
-    plan.check(hint="shrink the model's sizes")
-    program = backend.load(compiled, config.local_devices[0])
+    plan.memory.check(hint="shrink the model's sizes")
+    program = backend.load(plan, config.local_devices[0])
     ckpt = trained.checkpoint
     program.start(
         s.optimizer,

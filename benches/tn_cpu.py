@@ -1,7 +1,10 @@
 """sexpgpu.tn against src-method 0.5.0 and quimb 1.15 on the CPU, in one run.
 
 Every case runs each peer on the same inputs, interleaved, ``--reps`` times, and
-reports the median wall time and the relative error against the exact,
+reports the median wall time, the median CPU time of the process (every peer
+is single-threaded under ``--threads 1``, so on a machine other work loads it
+compares their work where wall times mostly measure the scheduler), and the
+relative error against the exact,
 uncompressed product. The error is computed from inner products of the
 uncompressed network and the result in quimb, never densely:
 ``|x - y|^2 = |x|^2 + |y|^2 - 2 Re <x|y>``.
@@ -225,9 +228,12 @@ def main() -> int:
         fn(0)
 
     print(f"threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')} reps={args.reps}")
-    header = "| case | peer | median s | rel. error | time vs sexpgpu.tn |"
+    header = (
+        "| case | peer | median s | median CPU s | rel. error | time vs sexpgpu.tn "
+        "| CPU time vs sexpgpu.tn |"
+    )
     print(header)
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for name, trains, chi in smoke_cases() if args.smoke else make_cases():
         if args.only and args.only not in name:
             continue
@@ -236,19 +242,26 @@ def main() -> int:
         ref_norm2 = dot(ref, ref).real
         runs = {k: v for k, v in peers(trains, chi, is_mps).items() if k not in skip}
         times: dict[str, list[float]] = {k: [] for k in runs}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
         errors: dict[str, float] = {}
         for rep in range(args.reps):
             for peer, fn in runs.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 out = fn(rep)
                 times[peer].append(time.perf_counter() - start)
+                cpu[peer].append(time.process_time() - start_cpu)
                 if rep == 0:
                     errors[peer] = rel_error(ref, ref_norm2, out)
         base = float(np.median(times["sexpgpu.tn"]))
+        base_cpu = float(np.median(cpu["sexpgpu.tn"]))
         for peer in runs:
-            med = float(np.median(times[peer]))
+            med, med_cpu = float(np.median(times[peer])), float(np.median(cpu[peer]))
             err = f"{errors[peer]:.3e}" if errors[peer] >= ERROR_FLOOR else f"< {ERROR_FLOOR:.0e}"
-            print(f"| {name} | {peer} | {med:.3f} | {err} | {med / base:.2f}x |", flush=True)
+            print(
+                f"| {name} | {peer} | {med:.3f} | {med_cpu:.3f} | {err} | {med / base:.2f}x | "
+                f"{med_cpu / base_cpu:.2f}x |",
+                flush=True,
+            )
     return 0
 
 

@@ -170,7 +170,7 @@ def _unpack(meta: Any, leaves: Iterator[Any]) -> Any:
         return [_unpack(m, leaves) for m in meta["list"]]
     if "array" in meta:
         tensor = next(leaves)
-        return tensor.numpy() if meta["array"][2] == "numpy" else tensor
+        return tensor.cpu().numpy() if meta["array"][2] == "numpy" else tensor
     return meta["value"]
 
 
@@ -209,7 +209,8 @@ class NodeWire:
         self.link = link
         self.node = link.node_rank
         self.nodes = link.nodes
-        self._device = "cpu" if link.backend == "gloo" else device.torch_device()
+        self._home = device.torch_device() if device.is_cuda else "cpu"  # where arrays live
+        self._device = "cpu" if link.backend == "gloo" else self._home  # where they travel from
 
     def _transfer(self, what: str, fn: Any) -> Any:
         try:
@@ -240,7 +241,7 @@ class NodeWire:
         buffers = _empties(meta, self._device)
         for t in buffers:
             dist.recv(_wire(t), src)
-        return _unpack(meta, (t.cpu() if self._device == "cpu" else t for t in buffers))
+        return _unpack(meta, (t.to(self._home) for t in buffers))
 
     def gather(self, payload: Any) -> list[Any] | None:
         """Every node's payload on node 0, in node order; None elsewhere."""

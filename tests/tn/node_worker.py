@@ -19,6 +19,7 @@ from tn_helpers import random_mpo, random_mps
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.tn import Resources, src
+from sexpgpu.tn.api import run_stack
 
 
 def problem(case: str) -> tuple[list, dict]:
@@ -30,10 +31,40 @@ def problem(case: str) -> tuple[list, dict]:
         a = random_mpo(8, 2, rng, dtype=np.complex128)
         b = random_mpo(8, 3, rng, dtype=np.complex128)
         return [a, b], {"chi_out": 5, "seed": 11, "oversample": None}
+    if case == "torch-backend":  # the GPU code path, on PyTorch's CPU device
+        trains = [random_mpo(8, 2, rng, dtype=np.complex128), random_mps(8, 5, rng, np.complex128)]
+        return trains, {"chi_out": 6, "seed": 2, "backend": "torch"}
+    if case == "gpu":  # benches/tn_session.sh: nodes sharing one GPU (over Gloo)
+        a = random_mpo(10, 8, rng, dtype=np.complex64)
+        b = random_mpo(10, 3, rng, dtype=np.complex64)
+        return [a, b], {"chi_out": 16, "seed": 4, "device": "gpu"}
     if case == "two-devices":
         trains = [random_mpo(8, 3, rng), random_mps(8, 5, rng)]
         return trains, {"chi_out": 6, "seed": 5, "resources": Resources(devices=2)}
     raise ValueError(case)
+
+
+def solve(trains: list, kw: dict) -> list:
+    """`src` of a case (through `run_stack` where it picks the backend)."""
+    kw = dict(kw)
+    backend = kw.pop("backend", None)
+    if backend is None:
+        return src(*trains, **kw)
+    names = [f"trains[{i}]" for i in range(len(trains))]
+    resources = kw.pop("resources", None)
+    return run_stack(
+        "src",
+        trains,
+        names,
+        kw["chi_out"],
+        0.0,
+        1.0,
+        None,
+        kw["seed"],
+        "cpu",
+        resources,
+        backend=backend,
+    )
 
 
 def main() -> int:
@@ -53,7 +84,7 @@ def main() -> int:
         sweep.env_step = failing
     trains, kw = problem(case)
     try:
-        result = src(*trains, **kw)
+        result = solve(trains, kw)
     except SexpgpuError as err:
         np.savez(out, code=err.code, message=str(err))
         return 3

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from node_worker import problem
+from node_worker import problem, solve
 
 from sexpgpu.errors import SexpgpuError
-from sexpgpu.tn import Resources, src
+from sexpgpu.tn import Resources
 from sexpgpu.tn.nodes import node_config
 
 WORKER = Path(__file__).parent / "node_worker.py"
@@ -72,7 +72,8 @@ def _cores(path: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize(
-    ("nodes", "case"), [(2, "ket"), (3, "ket"), (2, "complex-oversampled"), (2, "two-devices")]
+    ("nodes", "case"),
+    [(2, "ket"), (3, "ket"), (2, "complex-oversampled"), (2, "two-devices"), (2, "torch-backend")],
 )
 def test_nodes_give_the_bits_of_one_process_with_as_many_ranks(tmp_path, nodes, case):
     outputs = _run_nodes(tmp_path, nodes, case)
@@ -80,8 +81,8 @@ def test_nodes_give_the_bits_of_one_process_with_as_many_ranks(tmp_path, nodes, 
         assert code == 0, f"node {rank} failed:\n{text}"
     trains, kw = problem(case)
     local = kw.pop("resources", Resources()).device_ids or (0,)
-    one = src(*trains, **kw, resources=Resources(devices=nodes * len(local)))
-    alone = src(*trains, **kw)
+    one = solve(trains, {**kw, "resources": Resources(devices=nodes * len(local))})
+    alone = solve(trains, kw)
     for rank in range(nodes):
         got = _cores(tmp_path / f"node{rank}.npz")
         assert len(got) == len(one)

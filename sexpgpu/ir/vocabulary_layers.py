@@ -162,6 +162,13 @@ def _attention(cx: Call) -> Node:
             "kv-heads",
         )
     d = width // heads
+    if base is not None and d % 2:
+        raise cx.fail(
+            f"attention: `:rope` needs an even head size, found {d} "
+            f"(width {width} / {heads} heads)",
+            "choose :heads so that width / heads is even, or :rope false",
+            "rope",
+        )
     lead = math.prod(x.shape[:-2])
 
     def project(name: str, count: int) -> Node:  # (N S W) -> (N S count D)
@@ -209,13 +216,13 @@ def rotary(x: Node, base: float, span: Span | None = None) -> Node:
     """
     seq, d = x.shape[-3], x.shape[-1]
     half = d // 2
-    f32 = DType.F64 if x.dtype is DType.F64 else DType.F32  # the tables' arithmetic
-    pos = b.cast(b.iota((seq, 1, half), 0, span=span), f32, span=span)
-    index = b.cast(b.iota((seq, 1, half), 2, span=span), f32, span=span)
-    exponent = b.mul(index, b.constant(2.0 / d, f32, span=span), span=span)
+    wide = DType.F64 if x.dtype is DType.F64 else DType.F32  # the tables' arithmetic
+    pos = b.cast(b.iota((seq, 1, half), 0, span=span), wide, span=span)
+    index = b.cast(b.iota((seq, 1, half), 2, span=span), wide, span=span)
+    exponent = b.mul(index, b.constant(2.0 / d, wide, span=span), span=span)
     inv_freq = b.div(
-        b.constant(1.0, f32, span=span),
-        b.pow(b.constant(base, f32, span=span), exponent, span=span),
+        b.constant(1.0, wide, span=span),
+        b.pow(b.constant(base, wide, span=span), exponent, span=span),
         span=span,
     )
     theta = b.mul(pos, inv_freq, span=span)  # (S 1 d/2)

@@ -71,7 +71,7 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
         path.write_text(LLAMA.read_text() + variant(size, args))
         environ = dict(os.environ)
         if args.smoke:  # a budget the smoke size fits only by recomputing
-            plain = plain_plan(path, device, environ)
+            plain = plain_plan(path, device)
             budget = plain.total - 0.3 * plain.parts["activations"]
             environ["SEXPGPU_MEMORY"] = str(int(budget))
         try:
@@ -97,8 +97,8 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
     }
 
 
-def plain_plan(path: Path, device: str, environ: dict):
-    """The run's memory plan without recomputation (a `MemoryPlan`)."""
+def plain_plan(path: Path, device: str):
+    """The run's memory plan without recomputation (a `MemoryPlan`, against no budget)."""
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
@@ -107,18 +107,15 @@ def plain_plan(path: Path, device: str, environ: dict):
     experiment = load_experiment(path, variant="bench")
     run = experiment.run(None)
     compiled = compile_run(experiment, run)
-    memory = int(environ["SEXPGPU_MEMORY"]) if environ.get("SEXPGPU_MEMORY", "").isdigit() else None
-    backend = get_device(device)
-    plan = backend.plan(
-        compiled, moments=moment_count(run.optimizer), ranks=1, memory=memory, microbatches=1
-    )
-    return getattr(plan, "memory", plan)
+    moments = moment_count(run.optimizer)
+    plan = get_device(device).plan(compiled, moments=moments, ranks=1, memory=2**62)
+    return plan.memory
 
 
 def flops_at_60(size: str, args: argparse.Namespace) -> dict:
     """The FLOPs the plan adds at a budget of 60% of the no-recompute plan (nothing run)."""
     from sexpgpu.devices.base import get_device
-    from sexpgpu.devices.memory_fit import plan_run
+    from sexpgpu.devices.memory_fit import recompute_lines
     from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
@@ -127,20 +124,18 @@ def flops_at_60(size: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "llama.lisp"
         path.write_text(LLAMA.read_text() + variant(size, args))
-        total = plain_plan(path, device, {}).total
+        total = plain_plan(path, device).total
         experiment = load_experiment(path, variant="bench")
         run = experiment.run(None)
         compiled = compile_run(experiment, run)
-    fitted = plan_run(
-        get_device(device), compiled, moments=moment_count(run.optimizer), ranks=1,
-        memory=int(0.6 * total), microbatches=1,
-    )  # fmt: skip
-    done = fitted.recompute
+    moments = moment_count(run.optimizer)
+    plan = get_device(device).plan(compiled, moments=moments, ranks=1, memory=int(0.6 * total))
+    done = plan.recompute
     return {
         "plain_bytes": total,
-        "fits": done is not None and done.fits,
+        "fits": plan.memory.fits,
         "flops_ratio": done.flops / done.base_flops if done is not None else 1.0,
-        "line": fitted.lines()[0] if fitted.lines() else "no recomputation needed",
+        "line": (recompute_lines(plan) or ["no recomputation needed"])[0],
     }
 
 

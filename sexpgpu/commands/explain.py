@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from sexpgpu.commands.options import add_experiment_options
 from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
-from sexpgpu.devices.memory_fit import plan_run
+from sexpgpu.devices.memory_fit import recompute_lines
 from sexpgpu.devices.optim import moment_count
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun, compile_run
@@ -82,15 +82,11 @@ def _recompute_lines(compiled: CompiledRun, run: RunDef, environ: Mapping[str, s
     from sexpgpu.runtime.config import RuntimeConfig
 
     config = RuntimeConfig.from_env(environ, device="cpu")
-    fitted = plan_run(
-        get_device("cpu"),
-        compiled,
-        moments=moment_count(run.optimizer),
-        ranks=1,
-        memory=config.memory,
+    plan = get_device("cpu").plan(
+        compiled, moments=moment_count(run.optimizer), ranks=1, memory=config.memory
     )
-    lines = [f"{line} (cpu)" for line in fitted.lines()]
-    if not fitted.plan.memory.fits:
+    lines = [f"{line} (cpu)" for line in recompute_lines(plan)]
+    if not plan.memory.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines
 
@@ -162,16 +158,14 @@ def lowering_report(
     config = RuntimeConfig.from_env(environ, device=device, visible_gpus=visible)
     backend = get_device(device)
     moments = moment_count(run.optimizer)
-    fitted = plan_run(
-        backend,
+    plan = backend.plan(
         compiled,
         moments=moments,
         ranks=config.local_size,
         memory=config.memory,
         microbatches=microbatches_per_rank(run.microbatches, config.world_size),
     )
-    plan = fitted.plan
-    lines = [*backend.report(plan), *fitted.lines()]
+    lines = backend.report(plan)
     if not plan.memory.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
-    return lines, fitted.compiled
+    return lines, plan.compiled

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from sexpgpu.ir.compile import CompiledRun, ParamInfo
+from sexpgpu.ir.recompute import Recomputation
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import MemoryPlan
 
@@ -146,8 +147,9 @@ class Program(Protocol):
 class Plan(Protocol):
     """What a device decided for a run before anything is allocated (`Device.plan`)."""
 
-    compiled: CompiledRun
+    compiled: CompiledRun  # its training graph recomputing what `recompute` chose
     memory: MemoryPlan  # the most one rank holds at once, by part
+    recompute: Recomputation | None  # None: the run fits as compiled
 
 
 class Device(Protocol):

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from sexpgpu.devices.cpu import CpuProgram
+from sexpgpu.devices.memory_fit import recompute_lines
 from sexpgpu.devices.state import SummingKernels, TrainState
-from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
+from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun, matmul_flops
+from sexpgpu.ir.node import Graph
+from sexpgpu.ir.recompute import Recomputation, fit
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
 
@@ -80,10 +83,11 @@ def _f32(array: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class CpuPlan:
-    """The cpu device's plan: the run and its memory (the interpreter decides nothing more)."""
+    """The cpu device's plan: the run, its memory, and what it recomputes to fit."""
 
     compiled: CompiledRun
     memory: MemoryPlan
+    recompute: Recomputation | None = None
 
 
 class CpuDevice:
@@ -113,9 +117,17 @@ class CpuDevice:
         if memory is None and ranks > 1:
             budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")
         params = 4 * compiled.param_count
-        live = CpuProgram(compiled.train_graph).planned_peak_bytes
-        parts = {"parameters": params, "optimizer": moments * params, "activations": live}
-        return CpuPlan(compiled, MemoryPlan(budget, parts))
+
+        def memory_of(graph: Graph) -> MemoryPlan:
+            live = CpuProgram(graph).planned_peak_bytes
+            parts = {"parameters": params, "optimizer": moments * params, "activations": live}
+            return MemoryPlan(budget, parts)
+
+        # Where the run does not fit, the least recomputation that does (docs/ir.md).
+        recompute = fit(compiled.train_graph, lambda g: memory_of(g).fits, matmul_flops)
+        if recompute is not None:
+            compiled = compiled.with_train_graph(recompute.graph)
+        return CpuPlan(compiled, memory_of(compiled.train_graph), recompute)
 
     def report(self, plan: CpuPlan) -> list[str]:
         """The device, and the plan: the interpreter matches no patterns."""
@@ -123,6 +135,7 @@ class CpuDevice:
         return [
             f"device: cpu (the IR interpreter, {nodes} nodes in the training graph)",
             plan.memory.line(),
+            *recompute_lines(plan),
         ]
 
     def load(self, plan: CpuPlan, where: DeviceId) -> TrainState:

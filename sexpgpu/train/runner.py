@@ -83,7 +83,7 @@ def prepare_run(
         starts from (`sexpgpu.train.hf.read_hf`).
     """
     from sexpgpu.devices.base import get_device
-    from sexpgpu.devices.memory_fit import plan_run
+    from sexpgpu.devices.memory_fit import check_plan
     from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
@@ -109,16 +109,14 @@ def prepare_run(
         init = _init_from(init_from, resume, experiment, rundef, compiled)
         record["init_from"] = str(Path(init_from).resolve())
     moments = moment_count(settings.optimizer)
-    fitted = plan_run(
-        backend,
+    plan = backend.plan(
         compiled,
         moments=moments,
         ranks=len(devices),
         memory=config.memory,
         microbatches=microbatches_per_rank(settings.microbatches, config.world_size),
     )
-    fitted.check(hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
-    compiled, plan = fitted.compiled, fitted.plan  # the training graph may recompute
+    check_plan(plan, hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
     local = config.local_devices
 
     def make_program(rank: int) -> Any:
@@ -135,7 +133,7 @@ def prepare_run(
         param_shapes={key: info.shape for key, info in compiled.params.items()},
         target=compiled.target,
         plan=plan.memory,
-        report=[*backend.report(plan), *fitted.lines()],
+        report=backend.report(plan),
         resume=resume,
         on_step=on_step,
         storage_options=storage_options,

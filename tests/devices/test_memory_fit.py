@@ -128,3 +128,30 @@ def _cli_run(out, args, env):
     done = subprocess.run(cmd, cwd=root, env=environ, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout + done.stderr
+
+
+def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("plans without a GPU (a GPU's plan compiles the step)")
+    from sexpgpu.devices.cuda.device import CudaDevice
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+
+    experiment = load_experiment(GPT, variant="smoke")
+    compiled = compile_run(experiment, experiment.run(None))
+    device = CudaDevice()  # no GPU: the plan from the graphs, as `explain --device cuda`
+
+    def plan(memory, microbatches=2):
+        return device.plan(compiled, moments=2, ranks=1, memory=memory, microbatches=microbatches)
+
+    roomy = plan(2**40)
+    assert roomy.recompute is None and roomy.stacked is not compiled.train_graph
+    one = plan(2**40, microbatches=1).memory
+    tight = plan(int(one.total - 0.3 * one.parts["activations"]))
+    assert tight.recompute is not None and tight.memory.fits
+    assert tight.stacked is tight.recompute.graph  # recomputed after stacking, as it runs
+    assert tight.choice.degree in (1, 2)
+    assert any(line.startswith("recompute: ") for line in device.report(tight))
+    if tight.choice.degree == 1:
+        assert tight.compiled.train_graph is tight.recompute.graph  # op by op runs it too

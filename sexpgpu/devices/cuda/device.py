@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, compile_workers
 from sexpgpu.devices.cuda.planner import CudaPlan, Planner, fused_graph
+from sexpgpu.devices.memory_fit import recompute_lines
 from sexpgpu.devices.state import TrainState
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun
@@ -167,6 +168,7 @@ class CudaDevice:
         lines += plan.lowering
         lines += self._fused_lines(plan)
         lines.append(plan.memory.line())
+        lines += recompute_lines(plan)
         live, node = plan.live
         if isinstance(node, str):  # measured by a dry call
             lines.append(

@@ -22,6 +22,7 @@ from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import Op
+from sexpgpu.ir.recompute import Recomputation, fit
 from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class CudaPlan:
         The fused step's bf16 parameter copies (`sexpgpu.devices.cuda.param_copies`).
     lowering
         The lowering report's lines of the training graph's schedule.
+    recompute
+        What the training graph at that degree recomputes to fit
+        (`sexpgpu.ir.recompute`), or None where it fits as compiled.
     """
 
     compiled: CompiledRun
@@ -70,6 +74,7 @@ class CudaPlan:
     live: tuple[int, Any]
     copy_bytes: int
     lowering: tuple[str, ...]
+    recompute: Recomputation | None = None
 
 
 class Planner:
@@ -85,7 +90,8 @@ class Planner:
         self.torch = device.torch
         self.first = self.torch.device(device.first)
         self._stacks: dict[int, Graph] = {}
-        self._live: dict[int, tuple[int, Any]] = {}
+        self._recompute: dict[int, Recomputation] = {}  # per degree, where nothing fits without
+        self._live: dict[int, tuple[Graph, tuple[int, Any]]] = {}  # id(graph) ->
         self._fused: dict[int, FusedGraph | str] = {}
         self._eval: tuple[int, Any] | None = None
 
@@ -97,7 +103,20 @@ class Planner:
             parts = self._parts(degree, moments, ranks, live[0], copy_bytes)
             return MemoryPlan(budget, parts)
 
-        choice = self._choose(lambda d: plan_at(d, self._live_set(d)).fits)
+        def fits(degree: int, graph: Graph | None = None) -> bool:
+            live = self._live_set(degree) if graph is None else self._live_of(graph)
+            return plan_at(degree, live).fits
+
+        if not any(fits(d) for d in self._degrees()):
+            # Recomputation, chosen with the degree: the least that fits at each one,
+            # judged by the schedule (no compile); larger degrees need more.
+            for d in reversed(self._degrees()):
+                found = fit(self._stacked(d), lambda g, d=d: fits(d, g), matmul_flops)
+                assert found is not None  # the stacked graph does not fit
+                self._recompute[d] = found
+                if not found.fits:
+                    break
+        choice = self._choose(fits)
         degree = choice.degree
         live, copy_bytes = self._live_set(degree), 0
         memory_plan = plan_at(degree, live)
@@ -109,18 +128,34 @@ class Planner:
                 memory_plan = plan_at(degree, live, copy_bytes)
         # Compiled here where a device can run it; without a GPU, the run's load compiles it.
         compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
-        schedule = _lowering_lines(self.compiled.train_graph, self.first)
+        recompute = self._recompute.get(degree)
+        compiled = self.compiled
+        if recompute is not None and degree == 1:  # op by op too
+            compiled = compiled.with_train_graph(recompute.graph)
+        schedule = _lowering_lines(compiled.train_graph, self.first)
         return CudaPlan(
-            compiled=self.compiled,
+            compiled=compiled,
             memory=memory_plan,
             microbatches=self.per_rank,
             choice=choice,
-            stacked=self._stacked(degree),
+            stacked=self._graph(degree),
             fused=self._fused_graph(degree) if compiles else None,
             live=live,
             copy_bytes=copy_bytes,
             lowering=tuple(schedule),
+            recompute=recompute,
         )
+
+    def _degrees(self) -> list[int]:
+        """The stacking degrees a call may run, largest first (1 only op by op)."""
+        from sexpgpu.devices.cuda.stacking import degrees
+
+        return degrees(self.per_rank) if self.device.fuse else [1]
+
+    def _graph(self, degree: int) -> Graph:
+        """The training graph a call at `degree` runs: stacked, recomputing where chosen."""
+        recompute = self._recompute.get(degree)
+        return self._stacked(degree) if recompute is None else recompute.graph
 
     def _parts(
         self, degree: int, moments: int, ranks: int, live: int, copy_bytes: int
@@ -155,10 +190,14 @@ class Planner:
 
     def _live_set(self, degree: int) -> tuple[int, Any]:
         """(bytes, node at the peak) of the larger of the training and evaluation schedules."""
-        if degree not in self._live:
-            train = _schedule_peak(self._stacked(degree), self.torch)
-            self._live[degree] = max(train, self._eval_live(), key=_bytes)
-        return self._live[degree]
+        return self._live_of(self._graph(degree))
+
+    def _live_of(self, graph: Graph) -> tuple[int, Any]:
+        """`_live_set` of a training graph (a degree's, or a recomputing candidate)."""
+        if id(graph) not in self._live:
+            train = _schedule_peak(graph, self.torch)
+            self._live[id(graph)] = (graph, max(train, self._eval_live(), key=_bytes))
+        return self._live[id(graph)][1]
 
     def _eval_live(self) -> tuple[int, Any]:
         if self._eval is None:
@@ -172,7 +211,7 @@ class Planner:
         """
         if degree not in self._fused:
             self._fused[degree] = fused_graph(
-                self._stacked(degree),
+                self._graph(degree),
                 self.first,
                 self.torch,
                 # A step of one call writes its sums (nothing to zero, nothing read back).
@@ -226,7 +265,7 @@ class Planner:
         model = CostModel.for_dtype("bf16" if bf16 else "f32")
         model_ms = {}
         for d in fitting:
-            graph = self._stacked(d)
+            graph = self._graph(d)
             moved = 3 * 4 * compiled.param_count + self._live_set(d)[0]
             calls, nodes = per_rank // d, len(graph.nodes())
             model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)

@@ -3,8 +3,8 @@
 # Logs under $OUT. Run from the repository root:
 #   bash benches/recompute_session.sh [tests|plan|run|bench]...   (default: tests plan run)
 #  tests: a bf16 smoke GPT that recomputes trains within bf16 tolerance of one that does not;
-#  plan:  GPT-2 small (examples/gpt.lisp) planned into 12 GiB: the recompute line and the plan;
-#  run:   20 steps of it at 12 GiB (peak against plan, tokens/s) and 20 without a budget;
+#  plan:  GPT-2 small (examples/gpt.lisp) planned into 3 GiB: the recompute line and the plan;
+#  run:   20 steps of it at 3 GiB (peak against plan, tokens/s) and 20 without a budget;
 #  bench: benches/memory_cuda.py (SIZES="16x2048 32x3072" to pick; long: one size per call).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,10 +18,10 @@ for part in ${*:-tests plan run}; do
     timeout 600 python3 -m pytest -q -m gpu -p no:cacheprovider tests/devices/test_memory_fit.py \
       > "$OUT/recompute_tests.log" 2>&1; tail -5 "$OUT/recompute_tests.log" ;;
   plan)
-    SEXPGPU_MEMORY=12GiB python3 -m sexpgpu explain examples/gpt.lisp --device cuda 2>&1 \
+    SEXPGPU_MEMORY=3GiB python3 -m sexpgpu explain examples/gpt.lisp --device cuda 2>&1 \
       | grep '^; \(memory\|recompute\|stacking\)' | tee "$OUT/recompute_explain.log" ;;
   run)
-    for budget in 12GiB none; do
+    for budget in 3GiB none; do
       env $([ $budget != none ] && echo SEXPGPU_MEMORY=$budget) SEXPGPU_DEVICE=cuda \
         python3 -m sexpgpu run examples/gpt.lisp --steps 20 --out /tmp/recompute-$budget \
         > "$OUT/recompute_run_$budget.log" 2>&1

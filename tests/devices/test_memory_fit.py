@@ -105,8 +105,8 @@ def test_a_cuda_run_that_recomputes_trains_within_bf16_tolerance(tmp_path):
     plain = _cli_run(tmp_path / "plain", args, {})
     plan = re.search(r"memory: plan ([\d.]+) MiB of .*activations ([\d.]+) MiB", plain)
     assert plan is not None, plain[-2000:]
-    # Half the live set less than the plan: only recomputation fits it.
-    budget = float(plan.group(1)) - 0.5 * float(plan.group(2))
+    # A third of the live set less than the plan: only recomputation fits it.
+    budget = float(plan.group(1)) - 0.3 * float(plan.group(2))
     tight = _cli_run(tmp_path / "tight", args, {"SEXPGPU_MEMORY": f"{budget:.1f}MiB"})
     assert "recompute:" in tight and "recompute:" not in plain
     a = read_series(tmp_path / "plain", "train/loss")

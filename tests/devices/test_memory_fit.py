@@ -155,3 +155,28 @@ def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
     assert any(line.startswith("recompute: ") for line in device.report(tight))
     if tight.choice.degree == 1:
         assert tight.compiled.train_graph is tight.recompute.graph  # op by op runs it too
+
+
+def test_the_cuda_lowering_that_recomputes_trains_the_same_bits(tmp_path):
+    pytest.importorskip("torch")
+    from device_seam import device_named
+
+    from sexpgpu.devices.cuda.device import CudaDevice
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+
+    # The cuda lowering op by op on PyTorch's CPU device, at a budget a third of its
+    # live set below its plan.
+    device = CudaDevice("cpu")
+    experiment = load_experiment(GPT, variant="smoke")
+    compiled = compile_run(experiment, experiment.run(None))
+    plan = device.plan(compiled, moments=2, ranks=1, memory=2**40).memory
+    budget = int(plan.total - 0.3 * plan.parts["activations"])
+    with device_named("cpu", device):
+        plain_dir, plain = _run(tmp_path, "plain")
+        tight_dir, tight = _run(tmp_path, "tight", str(budget))
+    assert "recompute:" in _annotations(tight_dir)
+    assert "recompute:" not in _annotations(plain_dir)
+    assert read_series(tight_dir, "train/loss") == read_series(plain_dir, "train/loss")
+    for key in plain.params:
+        assert np.array_equal(plain.params[key], tight.params[key]), key

@@ -145,7 +145,10 @@ def torch_side(size: str, args: argparse.Namespace) -> dict:
 
     on_gpu = not args.smoke
     dev = torch.device("cuda" if on_gpu else "cpu")
-    step = torch_step(shape(size, args), args, dev)
+    try:
+        step = torch_step(shape(size, args), args, dev)
+    except torch.OutOfMemoryError as error:  # the parameters and moments alone
+        return {"fits": False, "why": str(error).splitlines()[0]}
     rng = np.random.default_rng(0)
     data = [torch.from_numpy(rng.integers(0, 256, (args.batch, args.seq + 1))) for _ in range(4)]
     data = [d.to(dev) for d in data]

@@ -1,15 +1,19 @@
-"""Optimizers: `sgd` and `adamw`, and clipping by global norm, on any device's arrays.
+"""Optimizers: `sgd`, `adamw` and `muon` on any device's arrays, and the global norm.
 
-The update rules are written once, against an `ArrayOps` namespace (NumPy
-for the cpu device, PyTorch for cuda): arrays are updated in place with
-Python's operators, which NumPy and PyTorch share, so every device runs the
-same arithmetic in the same order.
+An optimizer holds its options, its step count and its moments; what a
+step does to the arrays is its update rule, looked up in the table keyed by
+optimizer and backend (`sexpgpu.devices.update_rules`; the NumPy rules of
+`sexpgpu.devices.update_numpy` are the reference). Every number that
+changes per step reaches the rule through the stream's scalars
+(`sexpgpu.devices.stream`), so any optimizer's update can be captured once
+and replayed on a GPU.
 
-Both follow PyTorch's update rules (``torch.optim.SGD`` with dampening 0 and
-``torch.optim.AdamW``), so a run and the same model written in PyTorch trace
-the same losses. Parameters are updated in place, in float32. Weight decay is
-decoupled (AdamW) and skips every parameter whose ``decay`` is False (the
-vectors: biases and norm gains).
+`sgd` and `adamw` follow PyTorch's update rules (``torch.optim.SGD`` with
+dampening 0 and ``torch.optim.AdamW``), so a run and the same model written
+in PyTorch trace the same losses; `muon` follows its authors' published
+description (`Muon`). Parameters are updated in place, in float32. Weight
+decay is decoupled (AdamW) and skips every parameter whose ``decay`` is
+False (the vectors: biases and norm gains).
 
 The names, options and defaults are the language's (`sexpgpu.lang.runs.OPTIMIZERS`);
 an optimizer receives every option filled in, with ``-`` read as ``_``
@@ -27,11 +31,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sexpgpu.devices.arrays import NUMPY, AdamWStep, ArrayOps
+from sexpgpu.devices import update_numpy  # noqa: F401  (registers the reference rules)
+from sexpgpu.devices.arrays import NUMPY, ArrayOps
+from sexpgpu.devices.stream import HostStream, Stream
+from sexpgpu.devices.update_rules import Update, rule_for
 
 __all__ = [
     "OPTIMIZERS",
     "AdamW",
+    "Muon",
     "Optimizer",
     "Sgd",
     "global_norm",
@@ -58,7 +66,7 @@ def optimizer(name: str) -> Callable[[type[Optimizer]], type[Optimizer]]:
 
 
 class Optimizer:
-    """Base: the moments and their (de)serialization.
+    """Base: the step's numbers, the moments and their (de)serialization.
 
     Parameters
     ----------
@@ -68,15 +76,16 @@ class Optimizer:
         Parameter name -> whether weight decay applies to it.
     options
         Every option, defaults filled in by the language (``lr``, ``weight_decay``, ...).
-    xp
-        The arrays' namespace (`sexpgpu.devices.arrays.NUMPY` by default).
+    xp, stream
+        The backend's arrays and stream (NumPy's and the host's by default).
+    hidden
+        Parameter name -> whether it is a hidden weight matrix
+        (`sexpgpu.ir.compile.hidden_matrices`); None: every parameter of
+        two axes.
     """
 
     name = ""
     moments: ClassVar[tuple[str, ...]] = ()
-    # Whether `queue` reads every per-step number from `ArrayOps.scalars`, so
-    # that the queued half can be captured once and replayed.
-    replayable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -84,27 +93,66 @@ class Optimizer:
         decay: Mapping[str, bool],
         options: Mapping[str, Any],
         xp: ArrayOps = NUMPY,
+        stream: Stream | None = None,
+        hidden: Mapping[str, bool] | None = None,
     ) -> None:
         self.xp = xp
+        self.stream = stream if stream is not None else HostStream()
         self.options = dict(options)
         self.decay = dict(decay)
+        if hidden is None:
+            hidden = {k: len(s) == 2 for k, s in shapes.items()}
+        self.hidden = {k: bool(hidden.get(k, False)) for k in shapes}
         self.steps = 0
         self.state: dict[str, Arrays] = {
-            m: {k: xp.zeros(s) for k, s in shapes.items()} for m in self.moments
+            m: {k: xp.zeros(s) for k, s in shapes.items() if self.covers(m, k)}
+            for m in self.moments
         }
+        self._rule = rule_for(self.name, xp.backends)
+        self._keep: dict[str, Any] = {}  # the rule's, from step to step
+        self._numbers: dict[str, Any] = {}
+
+    @classmethod
+    def arrays_per_param(cls) -> int:
+        """The most moment arrays one parameter has (what the memory plan counts)."""
+        return len(cls.moments)
+
+    def covers(self, moment: str, key: str) -> bool:
+        """Whether the parameter `key` has the moment `moment` (all do, unless overridden)."""
+        return True
+
+    def numbers(self, lr: float) -> dict[str, float]:
+        """The host numbers of the step just counted, at learning rate `lr` (the schedule's)."""
+        return {"lr": lr, "step": float(self.steps)}
 
     def advance(self, lr: float) -> None:
-        """The host's half of a step: count it and set its numbers (learning rate `lr`)."""
-        raise NotImplementedError
+        """The host's half of a step: count it and refill its scalars (learning rate `lr`)."""
+        self.steps += 1
+        self._numbers = self.stream.scalars(self.name, **self.numbers(lr))
 
     def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
-        """The device's half of the step `advance` set: the arithmetic, in place.
+        """The device's half of the step `advance` set: the update rule, in place.
 
-        `scale` is None or the clipping factor (`ArrayOps.clip_scale`, maybe
-        a device scalar): an optimizer may fold it into its own kernels
-        instead of a pass over the gradients.
+        `scale` is None or what the gradients are multiplied by (the clipping
+        factor over the microbatches; maybe a device scalar): a rule may fold
+        it into its own kernels instead of a pass over the gradients. Nothing
+        here reads the host but the options, so a backend may capture it.
         """
-        raise NotImplementedError
+        keys = list(params)
+        update = Update(
+            params=[params[k] for k in keys],
+            grads=[grads[k] for k in keys],
+            moments={m: [arrays.get(k) for k in keys] for m, arrays in self.state.items()},
+            decay=[bool(self.decay.get(k, True)) for k in keys],
+            hidden=[self.hidden.get(k, False) for k in keys],
+            numbers=self._numbers,
+            scale=scale,
+            options=self.options,
+            xp=self.xp,
+            stream=self.stream,
+            keep=self._keep,
+        )
+        self._rule(update)
 
     def tensors(self) -> Arrays:
         """The moment arrays (the device's), keyed ``"<moment>/<param>"``."""
@@ -129,28 +177,18 @@ def _jsonable(options: Mapping[str, Any]) -> dict[str, Any]:
 
 @optimizer("sgd")
 class Sgd(Optimizer):
-    """Stochastic gradient descent with optional (Nesterov) momentum, as ``torch.optim.SGD``."""
+    """Stochastic gradient descent with optional (Nesterov) momentum, as ``torch.optim.SGD``.
+
+    Per parameter with gradient g (``buf`` starts at zero, so its first value is g)::
+
+        buf <- mu buf + g                                  (when mu is not 0)
+        p <- p - lr (g + mu buf)  (nesterov)  or  p - lr buf  (p - lr g when mu is 0)
+    """
 
     moments: ClassVar[tuple[str, ...]] = ("momentum",)
 
-    def advance(self, lr: float) -> None:
-        self.steps += 1
-        self._lr = lr  # a host number in `queue`'s arithmetic: not replayable
-
-    def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
-        if scale is not None:
-            self.xp.multiply(list(grads.values()), scale)
-        mu = float(self.options["momentum"])
-        nesterov = bool(self.options["nesterov"])
-        lr = self._lr
-        for k, p in params.items():
-            g = grads[k]
-            if mu:
-                buf = self.state["momentum"][k]
-                buf *= mu
-                buf += g  # first step: buf = g, as torch
-                g = g + mu * buf if nesterov else buf
-            p -= lr * g
+    def numbers(self, lr: float) -> dict[str, float]:
+        return {"lr": lr}
 
 
 @optimizer("adamw")
@@ -165,28 +203,42 @@ class AdamW(Optimizer):
     """
 
     moments: ClassVar[tuple[str, ...]] = ("exp_avg", "exp_avg_sq")
-    replayable: ClassVar[bool] = True
 
-    def advance(self, lr: float) -> None:
-        self.steps += 1
-        self._numbers = self.xp.scalars("adamw", lr=lr, step=float(self.steps))
 
-    def queue(self, params: Arrays, grads: Mapping[str, Any], scale: Any = None) -> None:
-        b1, b2 = (float(b) for b in self.options["betas"])
-        eps, wd = float(self.options["eps"]), float(self.options["weight_decay"])
-        lr, steps = self._numbers["lr"], self._numbers["step"]
-        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
-        # Decayed and plain parameters in one call each, in the parameters' order.
-        for decays in (True, False):
-            keys = [k for k in params if bool(wd and self.decay.get(k, True)) is decays]
-            numbers = AdamWStep(lr, b1, b2, eps, wd if decays else 0.0, steps, scale)
-            self.xp.adamw(
-                [params[k] for k in keys],
-                [grads[k] for k in keys],
-                [m[k] for k in keys],
-                [v[k] for k in keys],
-                numbers,
-            )
+@optimizer("muon")
+class Muon(Optimizer):
+    """Momentum orthogonalized by Newton-Schulz (Muon) on hidden matrices; AdamW on the rest.
+
+    After Keller Jordan et al.'s description of Muon in modded-nanogpt
+    ("Muon: An optimizer for hidden layers in neural networks", 2024). Per
+    hidden weight matrix W of shape ``(in, out)`` with gradient g::
+
+        buf <- mu buf + g ;  u <- g + mu buf  (nesterov)  or  buf
+        O <- NS(u)                  (about the orthogonal factor U V^T of u = U S V^T)
+        W <- W * (1 - lr * wd) - lr * sqrt(max(1, out / in)) * O
+
+    NS is ``ns_steps`` (5) steps of the quintic iteration
+    ``X <- a X + b (X X^T) X + c (X X^T)^2 X`` from ``u / ||u||_F`` with
+    ``(a, b, c) = (3.4445, -4.7750, 2.0315)``, in bf16 on a GPU (as its
+    authors run it) and float32 elsewhere. Every other parameter (vectors,
+    embeddings, the head: `sexpgpu.ir.compile.hidden_matrices`) takes
+    `AdamW`'s step with ``adamw_lr``, ``betas``, ``eps`` and ``weight_decay``
+    (decay where ``decay`` holds). The schedule scales both learning rates
+    by the same factor.
+    """
+
+    moments: ClassVar[tuple[str, ...]] = ("momentum", "exp_avg", "exp_avg_sq")
+
+    @classmethod
+    def arrays_per_param(cls) -> int:
+        return 2  # a matrix keeps momentum, any other parameter AdamW's two moments
+
+    def covers(self, moment: str, key: str) -> bool:
+        return self.hidden[key] is (moment == "momentum")
+
+    def numbers(self, lr: float) -> dict[str, float]:
+        ratio = float(self.options["adamw_lr"]) / float(self.options["lr"])
+        return {"lr": lr, "adamw_lr": lr * ratio, "step": float(self.steps)}
 
 
 def make_optimizer(
@@ -194,9 +246,11 @@ def make_optimizer(
     shapes: Mapping[str, tuple[int, ...]],
     decay: Mapping[str, bool],
     xp: ArrayOps = NUMPY,
+    stream: Stream | None = None,
+    hidden: Mapping[str, bool] | None = None,
 ) -> Optimizer:
-    """The optimizer an `OptimizerSpec` (``name``, ``options``) names, over `xp`."""
-    return OPTIMIZERS[spec.name](shapes, decay, spec.options, xp)
+    """The optimizer an `OptimizerSpec` (``name``, ``options``) names, over `xp` and `stream`."""
+    return OPTIMIZERS[spec.name](shapes, decay, spec.options, xp, stream, hidden)
 
 
 def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
@@ -205,5 +259,5 @@ def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
 
 
 def moment_count(spec: Any) -> int:
-    """Arrays per parameter the optimizer `spec` names keeps (2 for adamw)."""
-    return len(OPTIMIZERS[spec.name].moments)
+    """The most arrays a parameter keeps under the optimizer `spec` (2 for adamw)."""
+    return OPTIMIZERS[spec.name].arrays_per_param()

@@ -1,9 +1,10 @@
 """`TrainState`: one rank's parameters, gradient buffers and optimizer, on any device.
 
 The device-side half of the step, written once over a backend's `Kernels`
-(the compiled graphs, run on the device) and `ArrayOps` (its arrays): the
-cpu device passes NumPy, the cuda device PyTorch tensors on its GPU. It is
-the `sexpgpu.devices.base.Program` every device returns.
+(the compiled graphs, run on the device), `ArrayOps` (its arrays) and
+`Stream` (the order its work runs in): the cpu device passes NumPy and the
+host, the cuda device PyTorch tensors on its GPU and its stream. It is the
+`sexpgpu.devices.base.Program` every device returns.
 
 Allocation failures in a training step go through `sexpgpu.runtime.oom`:
 the caches are released and the step retried; a second failure computes
@@ -25,6 +26,7 @@ from sexpgpu.devices.arrays import NUMPY, ArrayOps
 from sexpgpu.devices.base import EvalResult, HostState
 from sexpgpu.devices.collectives import sum_over_ranks
 from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
+from sexpgpu.devices.stream import HostStream, Stream
 from sexpgpu.ir.compile import CompiledRun, ParamInfo
 from sexpgpu.runtime.oom import SplitState, call_with_split
 
@@ -179,14 +181,22 @@ class TrainState:
     ----------
     kernels
         The run's graphs on the device.
-    xp
-        The device's arrays.
+    xp, stream
+        The device's arrays and stream (NumPy's and the host's by default).
     plan
         The run's `sexpgpu.runtime.memory.MemoryPlan`, named by E-MEM-002.
     """
 
-    def __init__(self, kernels: Kernels, xp: ArrayOps = NUMPY, *, plan: Any = None) -> None:
+    def __init__(
+        self,
+        kernels: Kernels,
+        xp: ArrayOps = NUMPY,
+        stream: Stream | None = None,
+        *,
+        plan: Any = None,
+    ) -> None:
         self.kernels, self.xp = kernels, xp
+        self.stream = stream if stream is not None else HostStream()
         self.params: Mapping[str, ParamInfo] = kernels.params
         self.values: dict[str, Any] = {}  # parameter arrays on the device
         self.optimizer: Optimizer | None = None
@@ -205,6 +215,8 @@ class TrainState:
             {k: info.shape for k, info in self.params.items()},
             {k: info.decay for k, info in self.params.items()},
             xp,
+            self.stream,
+            {k: info.hidden for k, info in self.params.items()},
         )
         host = self.kernels.init_params(seed) if state is None else state.params
         self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in self.params}
@@ -257,11 +269,11 @@ class TrainState:
         # The gradients stay sums: `update` takes their mean through the factor
         # it scales them by anyway (no pass of its own over every gradient).
         self._sums.grads, self._sums.divisor = grads, microbatches
-        return self.xp.read_later(loss / microbatches)
+        return self.stream.read_later(loss / microbatches)
 
     def update(self, lr: float, clip: float | None) -> Any:
         assert self._sums is not None and self.optimizer is not None
-        grads, optimizer, xp = self._sums.grads, self.optimizer, self.xp
+        grads, optimizer, xp, stream = self._sums.grads, self.optimizer, self.xp, self.stream
         divisor = self._sums.divisor
         optimizer.advance(lr)
 
@@ -275,20 +287,17 @@ class TrainState:
             optimizer.queue(self.values, grads, scale)
             return norm
 
-        if optimizer.replayable:
-            # Everything the queued update touches: a backend may capture it and replay it.
-            moments = [a for arrays in optimizer.state.values() for a in arrays.values()]
-            arrays = [*self.values.values(), *grads.values(), *moments]
-            norm = xp.replayed(("update", clip, divisor), arrays, queue)
-        else:
-            norm = queue()
+        # Everything the queued update touches: a backend may capture it and replay it.
+        moments = [a for arrays in optimizer.state.values() for a in arrays.values()]
+        arrays = [*self.values.values(), *grads.values(), *moments]
+        norm = stream.replayed(("update", clip, divisor), arrays, queue)
         self._sums = None
         self._take_events()
-        return self.xp.read_later(norm)  # the caller reads it once it has queued more
+        return stream.read_later(norm)  # the caller reads it once it has queued more
 
     @property
     def asynchronous(self) -> bool:
-        return bool(self.xp.asynchronous)
+        return bool(self.stream.asynchronous)
 
     # -- evaluation and diagnostics ----------------------------------------------------------
 
@@ -311,7 +320,7 @@ class TrainState:
         return peak
 
     def _take_events(self) -> None:
-        for source in (self._split.events, self.xp.events):
+        for source in (self._split.events, self.stream.events):
             if source:
                 self.events += source
                 source.clear()

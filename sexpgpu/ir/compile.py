@@ -32,7 +32,7 @@ from sexpgpu.ir import builder as b
 from sexpgpu.ir.autodiff import training_graph
 from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Graph, Node, topological_order
-from sexpgpu.ir.ops import Op
+from sexpgpu.ir.ops import VIEW, Op
 from sexpgpu.ir.passes import optimize, substitute
 from sexpgpu.ir.trace import Trace, trace_run
 from sexpgpu.ir.trace_init import Init, draw, param_rng
@@ -44,6 +44,7 @@ __all__ = [
     "CompiledRun",
     "ParamInfo",
     "compile_run",
+    "hidden_matrices",
     "matmul_flops",
     "output_graph",
 ]
@@ -58,13 +59,15 @@ class ParamInfo:
     """A parameter: its shape, storage dtype (f32), initializer, and whether weight decay applies.
 
     `decay` is False for parameters of fewer than two axes (biases, norm
-    scales), as LANGUAGE.md asks of weight decay.
+    scales), as LANGUAGE.md asks of weight decay. `hidden` is True for a
+    hidden weight matrix (`hidden_matrices`): what `muon` orthogonalizes.
     """
 
     shape: tuple[int, ...]
     dtype: str
     init: Init
     decay: bool
+    hidden: bool = False
 
     @property
     def size(self) -> int:
@@ -128,8 +131,9 @@ class CompiledRun:
         self._trace = trace
         self.train_graph = train_graph
         self.eval_graph = eval_graph
+        hidden = hidden_matrices(trace)
         self.params: Mapping[str, ParamInfo] = {
-            key: ParamInfo(spec.shape, "f32", spec.init, len(spec.shape) >= 2)
+            key: ParamInfo(spec.shape, "f32", spec.init, len(spec.shape) >= 2, key in hidden)
             for key, spec in trace.params.items()
         }
         self.inputs: Mapping[str, tuple[tuple[int, ...], str]] = {
@@ -240,6 +244,43 @@ def _mean_over_rows(loss: Node, rows: int) -> bool:
         else:
             return False
     return True
+
+
+def hidden_matrices(trace: Trace) -> set[str]:
+    """The parameters of two axes that are neither an embedding nor the head.
+
+    An embedding is a table `take` reads rows of; the head is an operand of
+    a product the model's output (the loss where there is none) reaches
+    without crossing another product. Muon's authors keep both, with the
+    vectors, on AdamW: their gradients are sparse or feed the loss directly.
+    """
+    names = {id(node): key for key, node in trace.param_nodes.items()}
+    ends: set[str] = set()
+    root = trace.output if trace.output is not None else trace.loss
+    for node in topological_order([trace.loss]):
+        if node.op is Op.TAKE:
+            ends |= _params_of(node.inputs[0], names)
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op is Op.MATMUL:
+            for operand in node.inputs:
+                ends |= _params_of(operand, names)
+        else:
+            stack.extend(node.inputs)
+    return {
+        key for key, node in trace.param_nodes.items() if len(node.shape) == 2 and key not in ends
+    }
+
+
+def _params_of(node: Node, names: Mapping[int, str]) -> set[str]:
+    """The parameter `node` is, seen through casts and views; empty if it is none."""
+    while node.op is Op.CAST or node.op in VIEW:
+        node = node.inputs[0]
+    return {names[id(node)]} if node.op is Op.PARAM else set()
 
 
 def _target_field(trace: Trace, model_inputs: tuple[str, ...]) -> str | None:

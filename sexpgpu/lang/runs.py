@@ -109,6 +109,17 @@ OPTIMIZERS: dict[str, dict[str, Option]] = {
         "eps": Option(_positive, 1e-8),
         "weight-decay": Option(_non_negative, 0.0),
     },
+    # Muon on hidden matrices, AdamW (at :adamw-lr) on the rest: docs/training.md.
+    "muon": {
+        "lr": Option(_positive),
+        "momentum": Option(_fraction, 0.95),
+        "nesterov": Option(boolean, True),
+        "ns-steps": Option(_every, 5),
+        "adamw-lr": Option(_positive, 1e-3),
+        "betas": Option(_betas, (0.9, 0.95)),
+        "eps": Option(_positive, 1e-8),
+        "weight-decay": Option(_non_negative, 0.0),
+    },
 }
 
 _DECAY = {"warmup": Option(_steps, 0), "floor": Option(_fraction, 0.0)}

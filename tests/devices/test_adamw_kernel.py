@@ -1,4 +1,4 @@
-"""AdamW in one launch (`sexpgpu.devices.cuda.adamw`) against the cpu device's update.
+"""AdamW in one launch (`sexpgpu.devices.cuda.adamw`) against the NumPy reference rule.
 
 Under Triton's interpreter on the CPU: Triton reads ``TRITON_INTERPRET``
 when it is first imported, so the cases run in a pytest of their own with it
@@ -13,8 +13,10 @@ import pytest
 import torch
 from triton_interpreted import interpreted_only, run_interpreted
 
-from sexpgpu.devices.arrays import NUMPY, AdamWStep
+from sexpgpu.devices.arrays import NUMPY
 from sexpgpu.devices.cuda import adamw
+from sexpgpu.devices.stream import HostStream
+from sexpgpu.devices.update_rules import UPDATE_RULES, Update
 
 pytest.importorskip("triton")
 HAS_CUDA = torch.cuda.is_available()
@@ -23,6 +25,25 @@ SHAPES = [(3, 50), (7,), (130,), (1,)]  # across blocks of 64, with tails
 
 def test_the_kernel_under_the_interpreter():
     run_interpreted(__file__)
+
+
+def _reference(params, grads, m, v, lr, step, scale, wd) -> None:
+    """The NumPy rule of one AdamW step (every parameter decayed by `wd`)."""
+    n = len(params)
+    options = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": wd}
+    moments = {"exp_avg": m, "exp_avg_sq": v}
+    numbers = {"lr": lr, "step": step}
+    update = Update(params, grads, moments, [True] * n, [False] * n, numbers, scale, options,
+                    NUMPY, HostStream())  # fmt: skip
+    UPDATE_RULES["adamw", "numpy"](update)
+
+
+def _launch(tables):
+    def call(params, grads, m, v, lr, step, scale, wd) -> None:
+        numbers = adamw.Numbers(lr, step, scale, 0.9, 0.95, 1e-8)
+        adamw.launch(tables, params, grads, m, v, numbers, wd)
+
+    return call
 
 
 def _steps(update, device, clip: float | None, wd: float):
@@ -40,7 +61,7 @@ def _steps(update, device, clip: float | None, wd: float):
         if device is not None:
             lr, step = (torch.tensor(x, dtype=torch.float32, device=device) for x in (lr, step))
             scale = None if clip is None else torch.tensor(clip, device=device)
-        update(state[0], gs, state[1], state[2], AdamWStep(lr, 0.9, 0.95, 1e-8, wd, step, scale))
+        update(state[0], gs, state[1], state[2], lr, step, scale, wd)
     return [[np.asarray(a.cpu() if device is not None else a) for a in arrays] for arrays in state]
 
 
@@ -51,8 +72,8 @@ def test_one_launch_updates_as_the_cpu_device(monkeypatch, clip, wd):
     monkeypatch.setattr(adamw, "BLOCK", 64)
     evictions = []
     tables = adamw.Tables(evicted=lambda: evictions.append(1), capacity=2)
-    got = _steps(lambda *a: adamw.update(tables, *a), torch.device("cpu"), clip, wd)
-    want = _steps(NUMPY.adamw, None, clip, wd)
+    got = _steps(_launch(tables), torch.device("cpu"), clip, wd)
+    want = _steps(_reference, None, clip, wd)
     for ours, theirs in zip(got, want, strict=True):
         for a, b in zip(ours, theirs, strict=True):
             np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)
@@ -71,8 +92,8 @@ def _copies_written(device: torch.device) -> tuple[list, list]:
     moments = [[torch.zeros(s, device=device) for s in SHAPES] for _ in range(2)]
     copies = [torch.zeros(s, dtype=torch.bfloat16, device=device) for s in SHAPES[:-1]] + [None]
     one = torch.ones((), device=device)
-    numbers = AdamWStep(one * 0.1, 0.9, 0.95, 1e-8, 0.0, one, None)
-    adamw.update(tables, params, grads, *moments, numbers, copies)
+    numbers = adamw.Numbers(one * 0.1, one, None, 0.9, 0.95, 1e-8)
+    adamw.launch(tables, params, grads, *moments, numbers, 0.0, copies)
     return params[:-1], copies[:-1]
 
 
@@ -90,7 +111,7 @@ def test_the_same_arrays_keep_their_table():
     arrays = [[torch.zeros(s) for s in SHAPES] for _ in range(4)]
     one = torch.ones(())
     for _ in range(2):
-        adamw.update(tables, *arrays, AdamWStep(one, 0.9, 0.95, 1e-8, 0.0, one, None))
+        adamw.launch(tables, *arrays, adamw.Numbers(one, one, None, 0.9, 0.95, 1e-8), 0.0)
     assert len(tables._made) == 1 and not evictions
 
 
@@ -99,11 +120,22 @@ def test_the_same_arrays_keep_their_table():
 @pytest.mark.parametrize("clip", [None, 0.3])
 def test_the_cuda_device_updates_in_one_launch_as_the_cpu_device(clip):
     from sexpgpu.devices.cuda.arrays import TorchOps
+    from sexpgpu.devices.cuda.stream import TorchStream
 
-    xp = TorchOps(torch.device("cuda"))
-    assert xp._one_launch
-    got = _steps(xp.adamw, torch.device("cuda"), clip, 0.1)
-    want = _steps(NUMPY.adamw, None, clip, 0.1)
+    xp, stream = TorchOps(torch.device("cuda")), TorchStream(torch.device("cuda"))
+    assert xp.backends[0] == "triton"
+
+    def rule(params, grads, m, v, lr, step, scale, wd) -> None:
+        n = len(params)
+        options = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": wd}
+        moments = {"exp_avg": m, "exp_avg_sq": v}
+        numbers = {"lr": lr, "step": step}
+        update = Update(params, grads, moments, [True] * n, [False] * n, numbers, scale, options,
+                        xp, stream)  # fmt: skip
+        UPDATE_RULES["adamw", "triton"](update)
+
+    got = _steps(rule, torch.device("cuda"), clip, 0.1)
+    want = _steps(_reference, None, clip, 0.1)
     for ours, theirs in zip(got, want, strict=True):
         for a, b in zip(ours, theirs, strict=True):
             np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-7)

@@ -1,4 +1,4 @@
-"""The update replayed as a CUDA graph (`sexpgpu.devices.cuda.replay`, `TorchOps.replayed`).
+"""The update replayed as a CUDA graph (`sexpgpu.devices.cuda.replay`, `TorchStream.replayed`).
 
 On PyTorch's CPU device the update runs as written; the tests marked ``gpu``
 capture it and check that the replays compute what plain calls compute,
@@ -15,9 +15,9 @@ from device_seam import device_named
 
 torch = pytest.importorskip("torch")
 
-from sexpgpu.devices.cuda.arrays import TorchOps  # noqa: E402
 from sexpgpu.devices.cuda.device import CudaDevice  # noqa: E402
 from sexpgpu.devices.cuda.replay import Replay  # noqa: E402
+from sexpgpu.devices.cuda.stream import TorchStream  # noqa: E402
 
 GPU = pytest.mark.gpu
 
@@ -36,7 +36,7 @@ def _cuda() -> torch.device:
     return torch.device("cuda")
 
 
-def _adder(xp: TorchOps, x: torch.Tensor):
+def _adder(xp: TorchStream, x: torch.Tensor):
     """A queue-only function: ``x += value`` read from a device scalar, and x's sum."""
 
     def call(value: float) -> float:
@@ -47,7 +47,7 @@ def _adder(xp: TorchOps, x: torch.Tensor):
 
 
 def test_on_the_cpu_every_call_runs_the_function() -> None:
-    xp = TorchOps(torch.device("cpu"))
+    xp = TorchStream(torch.device("cpu"))
     x = torch.zeros(4)
     add = _adder(xp, x)
     assert [add(v) for v in (1.0, 2.0, 3.0)] == [4.0, 12.0, 24.0]
@@ -56,7 +56,7 @@ def test_on_the_cpu_every_call_runs_the_function() -> None:
 
 @GPU
 def test_the_second_call_captures_and_later_calls_replay_with_new_scalars() -> None:
-    xp = TorchOps(_cuda())
+    xp = TorchStream(_cuda())
     x = torch.zeros(4, device="cuda")
     add = _adder(xp, x)
     sums = [add(v) for v in (1.0, 2.0, 3.0, 4.0)]
@@ -72,7 +72,7 @@ def test_the_second_call_captures_and_later_calls_replay_with_new_scalars() -> N
 
 @GPU
 def test_a_refused_capture_leaves_plain_calls(monkeypatch) -> None:
-    xp = TorchOps(_cuda())
+    xp = TorchStream(_cuda())
 
     def refuse() -> None:
         raise RuntimeError("capture refused by the driver")
@@ -114,7 +114,7 @@ def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monke
 
 
 def test_a_number_read_later_on_the_cpu_is_the_number():
-    xp = TorchOps(torch.device("cpu"))
+    xp = TorchStream(torch.device("cpu"))
     assert float(xp.read_later(torch.tensor(2.5))) == 2.5
     assert xp.read_later(1.5) == 1.5
 
@@ -122,7 +122,7 @@ def test_a_number_read_later_on_the_cpu_is_the_number():
 @GPU
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_number_read_later_waits_only_for_the_work_queued_before_it():
-    xp = TorchOps(torch.device("cuda"))
+    xp = TorchStream(torch.device("cuda"))
     x = torch.full((), 3.0, device="cuda")
     later = xp.read_later(x * 2)
     torch.cuda._sleep(2_000_000_000)  # a second or so of the GPU, queued after

@@ -163,14 +163,16 @@ def test_the_clip_factor_given_to_the_step_equals_clipping_first(ops, name):
     # torch's optimizer after clip_grad_norm_, against one step given the factor
     # (AdamW folds it into its kernel; on torch it is a device scalar).
     from sexpgpu.devices.cuda.arrays import TorchOps
+    from sexpgpu.devices.cuda.stream import TorchStream
 
     xp = NUMPY if ops == "numpy" else TorchOps(torch.device("cpu"))
+    stream = None if ops == "numpy" else TorchStream(torch.device("cpu"))
     params, grads = _start(4)
     if name == "adamw":
         spec = optimizer_spec("adamw", lr=3e-2, betas=(0.9, 0.95), weight_decay=0.1)
     else:
         spec = optimizer_spec("sgd", lr=3e-2, momentum=0.9)
-    opt = make_optimizer(spec, SHAPES, DECAY, xp)
+    opt = make_optimizer(spec, SHAPES, DECAY, xp, stream)
     ours = {k: xp.upload(v) for k, v in params.items()}
     tp = {k: torch.nn.Parameter(torch.tensor(v)) for k, v in params.items()}
     if name == "adamw":
@@ -203,17 +205,18 @@ def test_the_clip_factor_given_to_the_step_equals_clipping_first(ops, name):
 )
 def test_adamw_takes_a_gradient_in_another_layout_than_its_parameter(device):
     # Op by op, a tied embedding's gradient comes out of its product transposed.
-    from sexpgpu.devices.arrays import AdamWStep
     from sexpgpu.devices.cuda.arrays import TorchOps
+    from sexpgpu.devices.cuda.stream import TorchStream
 
-    xp = TorchOps(torch.device(device))
+    xp, stream = TorchOps(torch.device(device)), TorchStream(torch.device(device))
     gen = torch.Generator().manual_seed(0)
-    param = torch.randn(6, 4, generator=gen).to(device)
+    param = torch.randn(6, 4, generator=gen)
     grad = torch.randn(4, 6, generator=gen).to(device).t()  # strides (1, 6)
+    spec = optimizer_spec("adamw", lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
     results = []
     for g in (grad, grad.contiguous()):
-        p, m, v = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
-        step = AdamWStep(1e-2, 0.9, 0.95, 1e-8, 0.1, torch.ones((), device=device), None)
-        xp.adamw([p], [g], [m], [v], step)
-        results.append(p.cpu())
+        opt = make_optimizer(spec, {"w": (6, 4)}, {"w": True}, xp, stream)
+        p = {"w": param.clone().to(device)}
+        _step(opt, p, {"w": g}, 1e-2)
+        results.append(p["w"].cpu())
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)

@@ -1,4 +1,4 @@
-"""AdamW over every parameter in one Triton launch.
+"""AdamW over every parameter in one Triton launch: the ``("adamw", "triton")`` update rule.
 
 PyTorch's multi-tensor ``_fused_adamw_`` took 10 launches and 1.18 ms for
 GPT-2 small's 148 parameters on an H200 (about 3 TB/s of the least
@@ -11,24 +11,27 @@ fused step reads one, `sexpgpu.devices.cuda.param_copies`). The table is
 made once per set of addresses and kept (the last few), so a captured
 update replays it.
 
-The arithmetic is `sexpgpu.devices.arrays.ArrayOps.adamw`'s, in f32, the
-gradient multiplied by the clipping factor as it is read; the step count
-and learning rate are read from their device scalars, so one capture
-serves every step.
+The arithmetic is the reference's (`sexpgpu.devices.update_numpy.adamw`),
+in f32, the gradient multiplied by the update's scale as it is read; the
+step count and learning rate are read from their device scalars, so one
+capture serves every step. Parameters in other layouts than contiguous go
+to the ``("adamw", "torch")`` rule.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from sexpgpu.devices.cuda.triton_support import kernel
+from sexpgpu.devices.cuda.update_torch import in_layout
+from sexpgpu.devices.update_rules import UPDATE_RULES, Update, update_rule
 
-__all__ = ["BLOCK", "Tables", "update"]
+__all__ = ["BLOCK", "Numbers", "Tables", "adamw", "launch"]
 
 BLOCK = 512  # elements a program: the fastest measured, benches/README.md
 WARPS = 4
@@ -69,21 +72,63 @@ class Tables:
         return table
 
 
-def update(
+@update_rule("adamw", "triton")
+def adamw(update: Update) -> None:
+    if not all(p.is_contiguous() for p in update.params):
+        UPDATE_RULES["adamw", "torch"](update)
+        return
+    tables = update.keep.get("tables")
+    if tables is None:
+        # A captured update reads its tables: one dropped drops the capture.
+        tables = update.keep["tables"] = Tables(evicted=update.stream.forget)
+    wd = float(update.options["weight_decay"])
+    b1, b2 = (float(b) for b in update.options["betas"])
+    lr, step = (_on_device(update.numbers[k], update.params) for k in ("lr", "step"))
+    scale = None if update.scale is None else _on_device(update.scale, update.params)
+    for decays in (True, False):
+        part = update.select([bool(wd and d) is decays for d in update.decay])
+        if not part.params:
+            continue
+        numbers = Numbers(lr, step, scale, b1, b2, float(update.options["eps"]))
+        grads = in_layout(part.params, part.grads)
+        moments = (part.moments["exp_avg"], part.moments["exp_avg_sq"])
+        copies = update.xp.copies.written_with(part.params)
+        launch(tables, part.params, grads, *moments, numbers, wd if decays else 0.0, copies)
+
+
+def _on_device(x: Any, like: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`x` (a host number or a device scalar) as an f32 scalar on the parameters' device."""
+    if isinstance(x, torch.Tensor):
+        return x.float()
+    return torch.full((), float(x), dtype=torch.float32, device=like[0].device)
+
+
+class Numbers(NamedTuple):
+    """One launch's numbers: `lr`, `step` and `scale` (or None) are f32 device scalars."""
+
+    lr: torch.Tensor
+    step: torch.Tensor
+    scale: torch.Tensor | None
+    beta1: float
+    beta2: float
+    eps: float
+
+
+def launch(
     tables: Tables,
     params: Sequence[torch.Tensor],
     grads: Sequence[torch.Tensor],
     m: Sequence[torch.Tensor],
     v: Sequence[torch.Tensor],
-    step: Any,
+    numbers: Numbers,
+    weight_decay: float,
     copies: Sequence[torch.Tensor | None] | None = None,
 ) -> None:
-    """One AdamW step (`sexpgpu.devices.arrays.AdamWStep`) of contiguous f32 tensors, in place.
+    """One AdamW step of contiguous f32 tensors in one launch, in place (`numbers`).
 
-    `step.lr` and `step.step` are device scalars (f32); `step.grad_scale`
-    is None or a device scalar. `copies` (None, or one per parameter: a
-    contiguous bf16 tensor of its shape or None) are written with the new
-    parameters, rounded to nearest even.
+    `copies` (None, or one per parameter: a contiguous bf16 tensor of its
+    shape or None) are written with the new parameters, rounded to nearest
+    even.
     """
     arrays = (params, grads, m, v)
     assert all(t.is_contiguous() and t.dtype == torch.float32 for ts in arrays for t in ts)
@@ -93,9 +138,9 @@ def update(
         for p, c in zip(params, copies, strict=True)
     )
     table = tables(arrays, copies)
-    scale = step.grad_scale
+    scale = numbers.scale
     kernel("adamw_kernel", "adamw_kernel")[(table.shape[0],)](
-        table, step.lr, step.step, scale if scale is not None else step.lr,
-        step.beta1, step.beta2, step.eps, step.weight_decay,
+        table, numbers.lr, numbers.step, scale if scale is not None else numbers.lr,
+        numbers.beta1, numbers.beta2, numbers.eps, weight_decay,
         HAS_SCALE=scale is not None, BLOCK=BLOCK, num_warps=WARPS,
     )  # fmt: skip

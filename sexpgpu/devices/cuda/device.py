@@ -231,6 +231,7 @@ class CudaDevice:
         from sexpgpu.devices.cuda.arrays import TorchOps
         from sexpgpu.devices.cuda.kernels import TorchKernels
         from sexpgpu.devices.cuda.param_copies import ParamCopies
+        from sexpgpu.devices.cuda.stream import TorchStream
 
         torch = self.torch
         if self.kind == "cuda":
@@ -253,7 +254,7 @@ class CudaDevice:
         kernels = TorchKernels(
             plan.compiled, device, where, fused=fused, degree=degree, copies=copies
         )
-        return TrainState(kernels, TorchOps(device, copies), plan=plan.memory)
+        return TrainState(kernels, TorchOps(device, copies), TorchStream(device), plan=plan.memory)
 
 
 def _pattern_lines(graph: Graph) -> list[str]:

@@ -8,8 +8,6 @@ bf16); the Triton rule also runs under Triton's interpreter in CI
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 import pytest
 
@@ -21,23 +19,16 @@ from sexpgpu.devices.cuda.arrays import TorchOps  # noqa: E402
 from sexpgpu.devices.cuda.stream import TorchStream  # noqa: E402
 from sexpgpu.devices.optim import OPTIMIZERS, make_optimizer  # noqa: E402
 from sexpgpu.devices.update_rules import UPDATE_RULES  # noqa: E402
-
-
-class Spec(NamedTuple):
-    """An `OptimizerSpec` as the language gives it."""
-
-    name: str
-    options: dict
-
+from sexpgpu.lang.runs import optimizer_spec  # noqa: E402
 
 # A hidden matrix each way round, an embedding-like matrix kept on AdamW, a vector.
 SHAPES = {"wide": (4, 9), "tall": (12, 5), "embed": (7, 4), "bias": (5,)}
 DECAY = {"wide": True, "tall": True, "embed": True, "bias": False}
 HIDDEN = {"wide": True, "tall": True, "embed": False, "bias": False}
 SPECS = {
-    "sgd": Spec("sgd", {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
-    "adamw": Spec("adamw", {"lr": 1e-2, "betas": (0.9, 0.95), "weight-decay": 0.1}),
-    "muon": Spec("muon", {"lr": 0.02, "adamw-lr": 3e-3, "weight-decay": 0.1}),
+    "sgd": optimizer_spec("sgd", lr=0.05, momentum=0.9, nesterov=True),
+    "adamw": optimizer_spec("adamw", lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1),
+    "muon": optimizer_spec("muon", lr=0.02, adamw_lr=3e-3, weight_decay=0.1),
 }
 
 
@@ -70,7 +61,8 @@ def _run(name: str, device: str | None, clip: float | None = 0.7, steps: int = 4
         scale = None if clip is None else clip / (t + 1)
         if device is not None and scale is not None:
             scale = torch.tensor(scale, device=device)
-        opt.step(params, {k: up(v) for k, v in g.items()}, opt.lr * (1 - 0.1 * t), scale)
+        opt.advance(opt.options["lr"] * (1 - 0.1 * t))
+        opt.queue(params, {k: up(v) for k, v in g.items()}, scale)
     out = {k: opt.xp.download(v) for k, v in params.items()}
     return out, {k: opt.xp.download(v) for k, v in opt.tensors().items()}
 
@@ -131,8 +123,10 @@ def test_muons_first_step_is_the_scaled_orthogonal_factor_of_the_gradient():
     rng = np.random.default_rng(1)
     p0 = rng.normal(size=(4, 9)).astype(np.float32)
     g = rng.normal(size=(4, 9)).astype(np.float32)
-    opt = make_optimizer(Spec("muon", {"lr": 0.02}), {"w": (4, 9)}, {"w": True}, hidden={"w": True})
+    spec = optimizer_spec("muon", lr=0.02)
+    opt = make_optimizer(spec, {"w": (4, 9)}, {"w": True}, hidden={"w": True})
     p = {"w": p0.copy()}
-    opt.step(p, {"w": g.copy()}, 0.02)
+    opt.advance(0.02)
+    opt.queue(p, {"w": g.copy()})
     want = p0 - 0.02 * np.sqrt(9 / 4) * update_numpy.newton_schulz(g, 5)
     np.testing.assert_allclose(p["w"], want, rtol=1e-5, atol=1e-6)

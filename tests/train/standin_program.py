@@ -29,6 +29,7 @@ class ParamInfo:
     dtype: str = "f32"
     init: str = "normal"
     decay: bool = True
+    hidden: bool = False  # what muon orthogonalizes (`sexpgpu.ir.compile.hidden_matrices`)
 
 
 def defdata(name: str, source: str, **keys: Any) -> DataDef:
@@ -61,7 +62,7 @@ class Mlp(SummingKernels):
 
     def __init__(self, features: int = 64, hidden: int = 32, classes: int = 10, batch: int = 16):
         self.params = {
-            "mlp/w1": ParamInfo((features, hidden)),
+            "mlp/w1": ParamInfo((features, hidden), hidden=True),
             "mlp/b1": ParamInfo((hidden,), decay=False),
             "mlp/w2": ParamInfo((hidden, classes)),
             "mlp/b2": ParamInfo((classes,), decay=False),

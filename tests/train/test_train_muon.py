@@ -61,12 +61,14 @@ def test_muon_resumed_from_a_checkpoint_equals_the_run_straight_through(tmp_path
 
 def test_the_cuda_lowering_trains_muon_as_the_cpu_device(tmp_path):
     pytest.importorskip("torch")
+    from device_seam import device_named
+
     from sexpgpu.devices.cuda.device import CudaDevice
-    from sexpgpu.train import prepare_run
 
     path = _experiment(tmp_path)
     run_experiment(path, out=tmp_path / "cpu")
-    prepare_run(path, out=tmp_path / "torch", backend=CudaDevice("cpu")).run()
+    with device_named("cpu", CudaDevice("cpu")):
+        run_experiment(path, out=tmp_path / "torch")
     cpu, torch_cpu = (series(tmp_path / d, "train/loss") for d in ("cpu", "torch"))
     assert sorted(cpu) == sorted(torch_cpu) == list(range(1, 11))
     np.testing.assert_allclose([torch_cpu[s] for s in cpu], [cpu[s] for s in cpu], rtol=1e-4)

@@ -58,3 +58,13 @@ def test_every_device_name_is_implemented_and_offered():
     assert set(tn_args.DEVICES.values()) == set(DEVICE_KINDS)
     for command in (run, explain):
         assert _device_choices(command.add_arguments) == set(DEVICE_KINDS), command
+
+
+def test_every_logger_the_language_names_is_implemented_and_offered():
+    from sexpgpu.train import loggers
+
+    assert set(runs.LOGGERS) == set(loggers.LOGGERS)
+    parser = argparse.ArgumentParser()
+    run.add_arguments(parser)
+    log = next(a for a in parser._actions if a.dest == "log")
+    assert tuple(log.choices) == runs.LOGGERS

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sexpgpu.commands.options import add_experiment_options
+from sexpgpu.lang.runs import LOGGERS
 from sexpgpu.runtime.devices import DEVICE_KINDS
 from sexpgpu.train.loop import StepReport
 from sexpgpu.train.runner import prepare_run
@@ -45,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue from the newest complete checkpoint, or from a step-N folder",
     )
     parser.add_argument("--out", metavar="DIR", help="the run directory (default runs/RUN-NAME)")
+    parser.add_argument(
+        "--log",
+        action="append",
+        default=[],
+        choices=LOGGERS,
+        help="mirror the metrics to tensorboard (event files in the run folder) or wandb "
+        "(offline without WANDB_API_KEY); repeatable, beside the run's :log",
+    )
     parser.add_argument(
         "--init-from",
         metavar="DIR",
@@ -146,6 +155,7 @@ def main(args: argparse.Namespace) -> int:
         resume=args.resume,
         device=args.device,
         init_from=args.init_from,
+        log=args.log,
     )
     steps = trainer.settings.steps
     if args.out is None and args.resume is None and trainer.run_dir.name != trainer.run_name:

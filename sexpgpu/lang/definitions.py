@@ -145,7 +145,8 @@ class RunDef:
 
     `model` and `data` name definitions of the same experiment; `loss` is the
     unevaluated loss expression; `clip` is None without clipping; `eval` and
-    `checkpoint` are None when not asked for.
+    `checkpoint` are None when not asked for; `log` names the loggers that
+    mirror the metrics (``:log [tensorboard wandb]``).
     """
 
     name: str
@@ -163,4 +164,5 @@ class RunDef:
     eval: EvalSpec | None
     checkpoint: CheckpointSpec | None
     diagnostics: tuple[DiagnosticSpec, ...]
+    log: tuple[str, ...] = ()
     span: Span | None = None

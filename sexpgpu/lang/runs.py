@@ -34,6 +34,7 @@ from sexpgpu.lang.values import Value, boolean, choice, integer, number, string
 
 __all__ = [
     "DIAGNOSTICS",
+    "LOGGERS",
     "OPTIMIZERS",
     "REDUCERS",
     "REQUIRED",
@@ -48,6 +49,8 @@ __all__ = [
 
 REQUIRED = object()
 REDUCERS = ("mean", "max", "min", "sum")
+# What `:log` and `--log` name: TensorBoard event files, W&B (offline without a key).
+LOGGERS = ("tensorboard", "wandb")
 EVAL_BATCHES = 10
 
 Env = Mapping[str, Value]
@@ -366,6 +369,28 @@ def _diagnostics(node: Node, builder: Builder, what: str) -> tuple[DiagnosticSpe
             )
         specs.append(DiagnosticSpec(name, options["every"], options["reduce"], item.span))
     return tuple(specs)
+
+
+@run_key("log", default=())
+def _log(node: Node, builder: Builder, what: str) -> tuple[str, ...]:
+    items = node.items if isinstance(node, Vector) else [node]
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, Symbol) or item.name not in LOGGERS:
+            found = item.name if isinstance(item, Symbol) else describe(item)
+            raise SexpgpuError(
+                "E-FORM-006",
+                f"{what}: unknown logger {found}",
+                item.span,
+                hint=f"loggers: {', '.join(LOGGERS)}; write :log [tensorboard]",
+            )
+        if item.name in names:
+            raise SexpgpuError(
+                "E-FORM-004", f"logger `{item.name}` is named twice in {what}", item.span,
+                hint="name each logger once",
+            )  # fmt: skip
+        names.append(item.name)
+    return tuple(names)
 
 
 _REQUIRED_KEYS = tuple(key for key, spec in RUN_KEYS.items() if spec.default is REQUIRED)

@@ -39,6 +39,7 @@ from sexpgpu.runtime.memory import MemoryPlan
 from sexpgpu.runtime.nodes import GradientCarry, NodeLink
 from sexpgpu.train.checkpoint import Checkpoint, Location, experiment_hashes, load_checkpoint
 from sexpgpu.train.data import make_loader
+from sexpgpu.train.loggers import MirroredLog, open_loggers
 from sexpgpu.train.metrics import MetricsLog, write_status
 from sexpgpu.train.rank import RankLoop, RunContext, carry_key, params_digest
 from sexpgpu.train.reports import RunSummary, StepReport
@@ -242,8 +243,13 @@ class Trainer:
             record=self.record,
         )
 
-    def _open_metrics(self, resumed: int | None) -> MetricsLog:
-        return self._folder_error(lambda: MetricsLog(self.run_dir / "metrics.jsonl", resumed))
+    def _open_metrics(self, resumed: int | None) -> MetricsLog | MirroredLog:
+        metrics = self._folder_error(lambda: MetricsLog(self.run_dir / "metrics.jsonl", resumed))
+        if not self.settings.log:
+            return metrics
+        config = {"run": self.run_name, "experiment": self.hash[:12], **self.record}
+        loggers = open_loggers(self.settings.log, self.run_dir, self.run_name, config)
+        return MirroredLog(metrics, loggers)
 
     def _folder_error(self, fn: Callable[[], Any]) -> Any:
         # An --out that cannot hold a run directory is a user error.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -52,6 +53,7 @@ def prepare_run(
     environ: Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     init_from: str | Path | None = None,
+    log: Sequence[str] = (),
 ) -> Trainer:
     """Load, check and compile a run of an experiment file; return its `Trainer`.
 
@@ -81,6 +83,8 @@ def prepare_run(
     init_from
         ``--init-from``: a transformers folder whose parameters a fresh run
         starts from (`sexpgpu.train.hf.read_hf`).
+    log
+        ``--log``: loggers mirroring the metrics, beside the run's ``:log``.
     """
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import check_plan
@@ -102,6 +106,8 @@ def prepare_run(
             hint="give the number of optimizer steps, e.g. --steps 200",
         )
     settings = RunSettings.from_run(rundef, steps)
+    if log:  # --log adds to :log, each logger once
+        settings = dataclasses.replace(settings, log=tuple(dict.fromkeys([*settings.log, *log])))
     compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
     _check_trainable(compiled, rundef)
     init, record = None, {"sets": dict(experiment.sets)} if experiment.sets else {}

@@ -37,6 +37,7 @@ class RunSettings:
     checkpoint_every: int = 0
     checkpoint_location: str | None = None
     diagnostics: tuple[Any, ...] = ()
+    log: tuple[str, ...] = ()  # loggers mirroring the metrics (`sexpgpu.train.loggers`)
 
     @classmethod
     def from_run(cls, run: Any, steps: int | None = None) -> RunSettings:
@@ -54,6 +55,7 @@ class RunSettings:
             checkpoint_every=run.checkpoint.every if run.checkpoint else 0,
             checkpoint_location=run.checkpoint.location if run.checkpoint else None,
             diagnostics=tuple(run.diagnostics),
+            log=tuple(run.log),
         )
 
 

@@ -199,7 +199,7 @@ def test_unknown_run_key():
         "15 |   :stpes 20)\n"
         "   |   ^\n"
         "   = hint: did you mean `:steps`? keys: :batch, :checkpoint, :clip, :data, :diagnostics,"
-        " :dtype, :eval, :loss, :microbatches, :model, :optimizer, :schedule, :seed, :steps"
+        " :dtype, :eval, :log, :loss, :microbatches, :model, :optimizer, :schedule, :seed, :steps"
     )
 
 

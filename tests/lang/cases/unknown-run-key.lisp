@@ -4,7 +4,7 @@
 ;;    |
 ;; 17 |   :step 100)
 ;;    |   ^
-;;    = hint: did you mean `:steps`? keys: :batch, :checkpoint, :clip, :data, :diagnostics, :dtype, :eval, :loss, :microbatches, :model, :optimizer, :schedule, :seed, :steps
+;;    = hint: did you mean `:steps`? keys: :batch, :checkpoint, :clip, :data, :diagnostics, :dtype, :eval, :log, :loss, :microbatches, :model, :optimizer, :schedule, :seed, :steps
 (defparams (batch 8))
 (defdata digits (digits))
 (defmodel mlp (x) (linear x 10))

@@ -43,8 +43,10 @@ import torch
 
 __all__ = ["BY_DEFAULT", "deterministic", "inductor_options", "open_settings"]
 
-# Whether runs are deterministic unless SEXPGPU_DETERMINISTIC says: off, as it costs
-# more than 5% of GPT-2 small's step at batch 16 (benches/README.md).
+# Whether runs are deterministic unless SEXPGPU_DETERMINISTIC says. Off until measured
+# at no more than 5% of GPT-2 small's step at batch 16 (benches/gpu_trust.sh bench): the
+# change of attention alone, cuDNN's to flash's, cost 1.7 ms of a 33 ms step when measured
+# (benches/README.md), about 5% before flash's deterministic backward is counted.
 BY_DEFAULT = False
 
 

@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "check": "read and check an experiment, and print it resolved",
     "doctor": "check that this host meets the floor for a device (cpu or cuda)",
     "run": "train a run of an experiment file and write its run directory",
-    "plot": "draw a run's train and eval loss against the step into a PNG",
+    "plot": "draw runs' loss, learning rate, gradient norm, accuracy and tokens/s into a PNG",
     "sample": "continue a prompt with a trained language model (seeded)",
     "export": "write a checkpoint as a Hugging Face transformers folder (GPT-2, Llama)",
     "eval": "evaluate a checkpoint: loss, perplexity, accuracy (and one JSON line)",

@@ -130,6 +130,7 @@ CODES: dict[str, str] = {
     # plotting
     "E-PLOT-001": "plot needs matplotlib (the `plot` extra)",
     "E-PLOT-002": "run directory has no metrics to plot",
+    "E-PLOT-003": "a run's metrics.jsonl is not a readable file",
 }
 
 

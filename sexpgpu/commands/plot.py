@@ -98,10 +98,11 @@ def _read_run(run_dir: Path) -> dict[str, dict[int, float]]:
             str(path),
             hint="check the file's permissions",
         ) from None
-    if not series["train/loss"]:
+    if not _points(series["train/loss"])[0]:
+        what = "no train/loss records" + (" that can be drawn" if series["train/loss"] else "")
         raise SexpgpuError(
             "E-PLOT-002",
-            f"{path} has no train/loss records" if path.exists() else f"{path} does not exist",
+            f"{path} has {what}" if path.exists() else f"{path} does not exist",
             str(path),
             hint="point at the directory of a run (`sexpgpu run` writes runs/RUN-NAME by default)",
         )

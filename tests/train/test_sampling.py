@@ -203,3 +203,26 @@ def test_sample_help_has_options_and_examples(capsys):
         main(["sample", "--help"])
     out = capsys.readouterr().out
     assert "--temperature" in out and "--top-k" in out and out.count("  sexpgpu sample ") == 2
+
+
+@pytest.mark.gpu
+def test_the_captured_cuda_step_equals_the_uncaptured_one(trained):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from sexpgpu.devices.cuda.decode import TorchDecodeStep
+    from sexpgpu.runtime.devices import parse_device
+
+    path, run_dir = trained
+    model = load_trained(path, resume="latest", out=run_dir)
+    graph = output_graph(model.experiment, model.run)
+    where = parse_device("cuda:0")
+    captured = TorchDecodeStep(graph, model.params, where)
+    plain = TorchDecodeStep(graph, model.params, where, capture=False)
+    assert captured.captured and not plain.captured
+    reference = cpu_step(graph, model.params)
+    rng = np.random.default_rng(4)
+    for position in (0, 9, 15):  # the window changes between replays
+        ids = rng.integers(0, 256, size=(1, 16)).astype(np.int32)
+        np.testing.assert_array_equal(captured(ids, position), plain(ids, position))
+        np.testing.assert_allclose(captured(ids, position), reference(ids, position), atol=1e-3)

@@ -37,10 +37,17 @@ class TorchDecodeStep:
         Parameter name -> float32 array (uploaded once).
     where
         A cuda device (``cuda:N``: captured), or None for PyTorch's CPU device.
+    capture
+        Capture the step as a CUDA graph (default: on a GPU); False runs the
+        lowering op by op each token (benches/sample_cuda.py compares both).
     """
 
     def __init__(
-        self, graph: Graph, params: Mapping[str, np.ndarray], where: DeviceId | None
+        self,
+        graph: Graph,
+        params: Mapping[str, np.ndarray],
+        where: DeviceId | None,
+        capture: bool | None = None,
     ) -> None:
         torch = import_torch()
         self.torch = torch
@@ -58,7 +65,7 @@ class TorchDecodeStep:
         }
         self.ids = torch.zeros(self.input.shape, dtype=torch.int32, device=self.device)
         self.feeds[self.input.name] = self.ids
-        self.captured = self.device.type == "cuda"
+        self.captured = self.device.type == "cuda" and capture is not False
         self.logits = self._capture() if self.captured else None
 
     def _run(self) -> Any:

@@ -2,8 +2,8 @@
 
 A script added to benches/ without a ``--smoke`` size fails here. The GPU
 scripts run their smoke on the cpu device and PyTorch's CPU device (each
-says so in its docstring). The tn scripts are run by
-tests/tn/test_tn_benches.py, which also counts their rows. The ``.sh`` files
+says so in its docstring). A few are run by a test of their own that also
+checks what they print (`ELSEWHERE`). The ``.sh`` files
 are not benchmarks but drivers of a GPU session (they call nvidia-smi and
 the GPU tests), so they are left out.
 """
@@ -16,11 +16,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p for p in (ROOT / "benches").glob("*.py") if not p.name.startswith("tn_"))
+# script -> the test that runs its --smoke and checks its output
+ELSEWHERE = {
+    "memory_cuda.py": "tests/devices/test_memory_bench.py",
+    "tn_cpu.py": "tests/tn/test_tn_benches.py",
+    "tn_gpu.py": "tests/tn/test_tn_benches.py",
+}
+SCRIPTS = sorted(p for p in (ROOT / "benches").glob("*.py") if p.name not in ELSEWHERE)
 
 
 def test_the_benches_are_found():
     assert {p.name for p in SCRIPTS} >= {"cpu_interpreter.py", "gpt2_cuda.py", "reader.py"}
+    for script, test in ELSEWHERE.items():
+        assert (ROOT / "benches" / script).exists(), script
+        assert script in (ROOT / test).read_text(), (script, test)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -73,7 +73,7 @@ def _time(step, repeats: int) -> tuple[list[float], list[float]]:
 
 
 def run_sexpgpu(args: argparse.Namespace) -> dict:
-    from sexpgpu.devices.cpu_device import CpuKernels
+    from sexpgpu.devices.cpu_device import CpuGraphs
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment_text
 
@@ -81,7 +81,7 @@ def run_sexpgpu(args: argparse.Namespace) -> dict:
     experiment = load_experiment_text(text, "gpt-bench.lisp")
     start = time.perf_counter()
     compiled = compile_run(experiment, experiment.run())
-    program = CpuKernels(compiled)  # the cpu device's graphs, planned on the interpreter
+    program = CpuGraphs(compiled)  # the cpu device's graphs, planned on the interpreter
     compile_s = time.perf_counter() - start
     params = program.init_params(0)
     tokens, targets = _batch(args)

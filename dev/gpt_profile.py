@@ -245,10 +245,10 @@ peak = torch.cuda.max_memory_allocated() / 2**30
 planned = f" (plan {memory_plan.memory.total / 2**30:.2f} GiB)" if args.side == "sexpgpu" else ""
 print(f"peak {peak:.2f} GiB{planned}")
 if args.side == "sexpgpu":
-    fused = prog.kernels.fused
-    sums = prog.kernels._zeroed()
+    fused = prog.graphs.fused
+    sums = prog.graphs._zeroed()
     buffers = {"loss": sums.loss, **{"grad/" + k: g for k, g in sums.grads.items()}}
-    degree = prog.kernels.degree  # microbatches of one call, stacked on a new leading axis
+    degree = prog.graphs.degree  # microbatches of one call, stacked on a new leading axis
     stacked = (
         batches[0]
         if degree == 1
@@ -281,4 +281,4 @@ analyse(p, wall)
 rows = p.key_averages()
 print(rows.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=80))
 if args.side == "sexpgpu":  # which IR nodes each kernel above covers
-    print("\n".join(prog.kernels.report_lines()))
+    print("\n".join(prog.graphs.report_lines()))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sexpgpu.devices.cpu_device import CpuKernels
+from sexpgpu.devices.cpu_device import CpuGraphs
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.lang import load_experiment_text
 
@@ -37,7 +37,7 @@ LLAMA_VARIANT = """
 def _program(example: str, variant_text: str):
     text = (EXAMPLES / example).read_text() + variant_text
     experiment = load_experiment_text(text, example, variant="tiny")
-    return CpuKernels(compile_run(experiment, experiment.run()))
+    return CpuGraphs(compile_run(experiment, experiment.run()))
 
 
 def _close(name: str, got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> None:

@@ -1,6 +1,6 @@
 """The ``cpu`` device: a `CompiledRun` on the IR interpreter, state in NumPy arrays.
 
-`CpuKernels` plans the training, evaluation and (on first use) activation
+`CpuGraphs` plans the training, evaluation and (on first use) activation
 graphs on the interpreter (`sexpgpu.devices.cpu.CpuProgram`); `CpuDevice`
 plans memory against the host and hands each rank a
 `sexpgpu.devices.state.TrainState` over them.
@@ -15,18 +15,18 @@ import numpy as np
 
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.devices.memory_fit import recompute_lines
-from sexpgpu.devices.state import SummingKernels, TrainState
+from sexpgpu.devices.state import SummingGraphs, TrainState
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun, matmul_flops
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.recompute import Recomputation, fit
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import MemoryBudget, MemoryPlan, detect_budget
 
-__all__ = ["CpuDevice", "CpuKernels", "CpuPlan"]
+__all__ = ["CpuDevice", "CpuGraphs", "CpuPlan"]
 
 
-class CpuKernels(SummingKernels):
-    """A run's graphs planned on the interpreter (the `Kernels` of the cpu device)."""
+class CpuGraphs(SummingGraphs):
+    """A run's graphs planned on the interpreter (the `StepGraphs` of the cpu device)."""
 
     has_activations = True
 
@@ -42,9 +42,9 @@ class CpuKernels(SummingKernels):
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         return self.compiled.init_params(seed)
 
-    def pieces(self, parts: int) -> CpuKernels | None:
+    def pieces(self, parts: int) -> CpuGraphs | None:
         smaller = self.compiled.pieces(parts)
-        return None if smaller is None else CpuKernels(smaller)
+        return None if smaller is None else CpuGraphs(smaller)
 
     def train_step(
         self, params: Mapping[str, np.ndarray], batch: Mapping[str, np.ndarray]
@@ -139,4 +139,4 @@ class CpuDevice:
         ]
 
     def load(self, plan: CpuPlan, where: DeviceId) -> TrainState:
-        return TrainState(CpuKernels(plan.compiled), plan=plan.memory)
+        return TrainState(CpuGraphs(plan.compiled), plan=plan.memory)

@@ -1,6 +1,6 @@
 """`TrainState`: one rank's parameters, gradient buffers and optimizer, on any device.
 
-The device-side half of the step, written once over a backend's `Kernels`
+The device-side half of the step, written once over a backend's `StepGraphs`
 (the compiled graphs, run on the device), `ArrayOps` (its arrays) and
 `Stream` (the order its work runs in): the cpu device passes NumPy and the
 host, the cuda device PyTorch tensors on its GPU and its stream. It is the
@@ -30,7 +30,7 @@ from sexpgpu.devices.stream import HostStream, Stream
 from sexpgpu.ir.compile import CompiledRun, ParamInfo
 from sexpgpu.runtime.oom import SplitState, call_with_split
 
-__all__ = ["Kernels", "SummingKernels", "Sums", "TrainState", "add_sums", "in_pieces", "summed"]
+__all__ = ["StepGraphs", "SummingGraphs", "Sums", "TrainState", "add_sums", "in_pieces", "summed"]
 
 
 @dataclass
@@ -54,11 +54,11 @@ def summed(sums: Sums | None, loss: Any, grads: Mapping[str, Any]) -> Sums:
     return sums
 
 
-class Kernels(Protocol):
+class StepGraphs(Protocol):
     """A run's graphs on one device: what `TrainState` calls.
 
     Parameters and gradients are the backend's float32 arrays keyed by path
-    name; batches arrive as host NumPy arrays (the kernels upload them).
+    name; batches arrive as host NumPy arrays (the graphs upload them).
     """
 
     compiled: CompiledRun
@@ -84,8 +84,8 @@ class Kernels(Protocol):
         """
         ...
 
-    def pieces(self, parts: int) -> Kernels | None:
-        """These kernels at ``1 / parts`` of a microbatch's rows; None where the graph forbids."""
+    def pieces(self, parts: int) -> StepGraphs | None:
+        """These graphs at ``1 / parts`` of a microbatch's rows; None where the graph forbids."""
         ...
 
     def accumulate_pieces(
@@ -109,8 +109,8 @@ class Kernels(Protocol):
         ...
 
 
-class SummingKernels:
-    """`Kernels.accumulate` as `summed` over ``train_step``: for kernels that return gradients."""
+class SummingGraphs:
+    """`StepGraphs.accumulate` as `summed` over ``train_step``: for graphs that return gradients."""
 
     def accumulate(
         self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
@@ -128,18 +128,18 @@ class SummingKernels:
 
 
 def in_pieces(
-    kernels: Any, params: Mapping[str, Any], batches: list[Mapping[str, np.ndarray]], parts: int
+    graphs: Any, params: Mapping[str, Any], batches: list[Mapping[str, np.ndarray]], parts: int
 ) -> Sums:
-    """The sums of `batches`, each computed in `parts` pieces of its rows by `kernels.pieces`.
+    """The sums of `batches`, each computed in `parts` pieces of its rows by `graphs.pieces`.
 
     The pieces' losses and gradients are means over their rows, so a
     microbatch's are their sum over `parts` (a power of two: exact).
     """
-    small = kernels.pieces(parts)
+    small = graphs.pieces(parts)
     assert small is not None, "split only where the graph allows it"
     total: Sums | None = None
     for batch in batches:
-        for piece in _row_pieces(batch, kernels.compiled.rows, parts):
+        for piece in _row_pieces(batch, graphs.compiled.rows, parts):
             total = summed(total, *small.train_step(params, piece))
     assert total is not None
     scale = 1.0 / parts
@@ -175,11 +175,11 @@ def add_sums(sums: Sums | None, more: Sums) -> Sums:
 
 
 class TrainState:
-    """A `Program` over `kernels` and `xp` (see `sexpgpu.devices.base`).
+    """A `Program` over `graphs` and `xp` (see `sexpgpu.devices.base`).
 
     Parameters
     ----------
-    kernels
+    graphs
         The run's graphs on the device.
     xp, stream
         The device's arrays and stream (NumPy's and the host's by default).
@@ -189,15 +189,15 @@ class TrainState:
 
     def __init__(
         self,
-        kernels: Kernels,
+        graphs: StepGraphs,
         xp: ArrayOps = NUMPY,
         stream: Stream | None = None,
         *,
         plan: Any = None,
     ) -> None:
-        self.kernels, self.xp = kernels, xp
+        self.graphs, self.xp = graphs, xp
         self.stream = stream if stream is not None else HostStream()
-        self.params: Mapping[str, ParamInfo] = kernels.params
+        self.params: Mapping[str, ParamInfo] = graphs.params
         self.values: dict[str, Any] = {}  # parameter arrays on the device
         self.optimizer: Optimizer | None = None
         self.events: list[str] = []
@@ -218,7 +218,7 @@ class TrainState:
             self.stream,
             {k: info.hidden for k, info in self.params.items()},
         )
-        host = self.kernels.init_params(seed) if state is None else state.params
+        host = self.graphs.init_params(seed) if state is None else state.params
         self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in self.params}
         if state is not None and state.optimizer:  # parameters alone start a fresh optimizer
             self.optimizer.load(state.moments, state.optimizer)
@@ -243,16 +243,16 @@ class TrainState:
             lambda parts: self._train(batch, parts),
             self._split,
             what="training step",
-            can_split=lambda parts: self.kernels.pieces(parts) is not None,
+            can_split=lambda parts: self.graphs.pieces(parts) is not None,
             plan=self.plan,
         )
-        self._peak = max(self._peak, int(self.kernels.last_peak_bytes))
+        self._peak = max(self._peak, int(self.graphs.last_peak_bytes))
         self._take_events()
 
     def _train(self, batch: Mapping[str, np.ndarray], parts: int) -> Sums:
         if parts == 1:
-            return self.kernels.accumulate(self.values, batch, self._sums)
-        return self.kernels.accumulate_pieces(self.values, batch, self._sums, parts)
+            return self.graphs.accumulate(self.values, batch, self._sums)
+        return self.graphs.accumulate_pieces(self.values, batch, self._sums, parts)
 
     def local_grad_norm(self) -> float:
         assert self._sums is not None, "accumulate() first"
@@ -302,7 +302,7 @@ class TrainState:
     # -- evaluation and diagnostics ----------------------------------------------------------
 
     def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:
-        loss, output = self.kernels.eval_step(self.values, batch)
+        loss, output = self.graphs.eval_step(self.values, batch)
         if target is None:
             return EvalResult(float(loss))
         truth = batch[target]
@@ -310,10 +310,10 @@ class TrainState:
 
     @property
     def has_activations(self) -> bool:
-        return bool(self.kernels.has_activations)
+        return bool(self.graphs.has_activations)
 
     def activation_rms(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        return self.kernels.activation_rms(self.values, batch)
+        return self.graphs.activation_rms(self.values, batch)
 
     def take_peak(self) -> int:
         peak, self._peak = self._peak, 0

@@ -119,25 +119,25 @@ def test_checkpoints_cross_devices(tmp_path: Path, first: str, second: str) -> N
     np.testing.assert_allclose(split, whole, rtol=1e-4)
 
 
-def _fail_allocations(monkeypatch, kernels, *, calls=(), rows_over=None) -> FailureInjector:
+def _fail_allocations(monkeypatch, graphs, *, calls=(), rows_over=None) -> FailureInjector:
     """Simulated allocation failures at the seam every training call goes through."""
     inject = FailureInjector(calls, larger_than=rows_over)
-    step = kernels.train_step
+    step = graphs.train_step
 
     def train_step(self, params, batch):
         inject.check(len(batch["x"]))
         return step(self, params, batch)
 
-    monkeypatch.setattr(kernels, "train_step", train_step)
+    monkeypatch.setattr(graphs, "train_step", train_step)
     return inject
 
 
 def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path, monkeypatch) -> None:
-    from sexpgpu.devices.cuda.kernels import TorchKernels
+    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
 
     path = _file(tmp_path)
     _run(path, tmp_path / "clean", "torch-cpu")
-    inject = _fail_allocations(monkeypatch, TorchKernels, calls=[3])
+    inject = _fail_allocations(monkeypatch, TorchGraphs, calls=[3])
     _run(path, tmp_path / "run", "torch-cpu")
     assert inject.failures == 1
     notes = _notes(tmp_path / "run")
@@ -149,13 +149,13 @@ def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path, monkeypa
 def test_a_failing_microbatch_is_split_in_halves_for_the_run(
     tmp_path: Path, monkeypatch, kind: str
 ) -> None:
-    from sexpgpu.devices.cpu_device import CpuKernels
-    from sexpgpu.devices.cuda.kernels import TorchKernels
+    from sexpgpu.devices.cpu_device import CpuGraphs
+    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
 
     path = _file(tmp_path)
     _run(path, tmp_path / "clean", kind)
-    kernels = CpuKernels if kind == "cpu" else TorchKernels
-    inject = _fail_allocations(monkeypatch, kernels, rows_over=8)  # 16 rows never fit
+    graphs = CpuGraphs if kind == "cpu" else TorchGraphs
+    inject = _fail_allocations(monkeypatch, graphs, rows_over=8)  # 16 rows never fit
     _run(path, tmp_path / "run", kind)
     assert inject.failures == 2  # the first call and its retry: the split is kept after
     notes = _notes(tmp_path / "run")
@@ -170,10 +170,10 @@ def test_nothing_fits_is_e_mem_002_naming_plan_asked_and_free(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
     from sexpgpu.cli import main
-    from sexpgpu.devices.cpu_device import CpuKernels
+    from sexpgpu.devices.cpu_device import CpuGraphs
 
     path = _file(tmp_path)
-    _fail_allocations(monkeypatch, CpuKernels, rows_over=0)  # not even one row fits
+    _fail_allocations(monkeypatch, CpuGraphs, rows_over=0)  # not even one row fits
     code = main(["run", str(path), "--out", str(tmp_path / "run"), "--steps", "2"])
     err = capsys.readouterr().err
     assert code == 1, err

@@ -63,7 +63,7 @@ def test_two_ranks_of_two_equal_one_rank_of_four(tmp_path: Path, monkeypatch) ->
     np.testing.assert_allclose(two, one, rtol=1e-5)
     assert len(ranks) == 2
     for program in [whole, *ranks]:
-        fused = program.kernels.fused
+        fused = program.graphs.fused
         assert fused is not None
         # Every call summed as the graph was compiled (and would be captured) to.
-        assert fused.unreplayed == 0, (fused.overwrite, program.kernels.degree)
+        assert fused.unreplayed == 0, (fused.overwrite, program.graphs.degree)

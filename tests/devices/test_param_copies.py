@@ -88,7 +88,7 @@ def _program(fuse: bool):
 def test_a_fused_bf16_step_reads_the_copies_the_update_keeps():
     compiled, fused = _program(fuse=True)
     _, eager = _program(fuse=False)
-    step = fused.kernels.fused
+    step = fused.graphs.fused
     assert sorted(step.copied) == sorted(compiled.params)  # every weight and bias is cast
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -102,6 +102,6 @@ def test_a_fused_bf16_step_reads_the_copies_the_update_keeps():
         np.testing.assert_allclose(float(losses[0]), float(losses[1]), rtol=1e-2)
         for name in step.copied:  # current without a cast of their own: the update wrote them
             p = fused.values[name]
-            copies = fused.kernels.copies  # the step reads them, the update writes them
+            copies = fused.graphs.copies  # the step reads them, the update writes them
             assert torch.equal(copies._entry(p).copy, p.to(BF16))
             assert copies._entry(p).version == p._version

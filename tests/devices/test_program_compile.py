@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sexpgpu.devices.cpu_device import CpuKernels
+from sexpgpu.devices.cpu_device import CpuGraphs
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.lang import load_experiment_text
 
@@ -23,8 +23,8 @@ def mlp_program(dtype: str = "f32", batch: int = 64):
     return compile_run(experiment, experiment.run())
 
 
-def mlp_kernels(dtype: str = "f32", batch: int = 64) -> CpuKernels:
-    return CpuKernels(mlp_program(dtype, batch))
+def mlp_kernels(dtype: str = "f32", batch: int = 64) -> CpuGraphs:
+    return CpuGraphs(mlp_program(dtype, batch))
 
 
 def digits_batch(batch: int, seed: int = 0) -> dict[str, np.ndarray]:

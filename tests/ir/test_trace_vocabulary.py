@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from sexpgpu.devices.cpu_device import CpuKernels
+from sexpgpu.devices.cpu_device import CpuGraphs
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.ir.vocabulary import VOCABULARY
 from sexpgpu.lang import load_experiment_text
@@ -226,7 +226,7 @@ def model_output(npz: Path, body: str, head: str = "") -> tuple[np.ndarray, dict
           :optimizer (sgd :lr 0.1) :batch {BATCH} :steps 1)
     """
     experiment = load_experiment_text(text, "vocab.lisp", base_dir=npz.parent)
-    program = CpuKernels(compile_run(experiment, experiment.run()))
+    program = CpuGraphs(compile_run(experiment, experiment.run()))
     params = program.init_params(seed=0)
     _, out = program.eval_step(params, FIELDS)
     return out, params

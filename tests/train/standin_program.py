@@ -1,4 +1,4 @@
-"""Small NumPy kernels that follow the `Kernels` contract of `sexpgpu.devices.state`.
+"""Small NumPy graphs that follow the `StepGraphs` contract of `sexpgpu.devices.state`.
 
 For the run-loop tests.
 
@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from sexpgpu.devices.state import SummingKernels, TrainState
+from sexpgpu.devices.state import SummingGraphs, TrainState
 from sexpgpu.lang import DataDef, load_experiment_text
 
 
-def on_cpu(kernels) -> TrainState:
+def on_cpu(graphs) -> TrainState:
     """A stand-in's `Program`: its state in NumPy arrays, as the cpu device keeps it."""
-    return TrainState(kernels)
+    return TrainState(graphs)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _softmax_xent(logits: np.ndarray, target: np.ndarray) -> tuple[float, np.nda
     return float(loss), (grad / rows).reshape(p.shape).astype(np.float32)
 
 
-class Mlp(SummingKernels):
+class Mlp(SummingGraphs):
     """logits = tanh(x @ w1 + b1) @ w2 + b2; cross-entropy with y."""
 
     has_activations = False
@@ -107,7 +107,7 @@ class Mlp(SummingKernels):
         return loss, logits
 
 
-class Bigram(SummingKernels):
+class Bigram(SummingGraphs):
     """logits = table[tokens]; cross-entropy with next."""
 
     has_activations = False

@@ -3,7 +3,7 @@
 `CudaDevice.plan` decides for a run, before anything is allocated: the
 stacking degree, the stacked and compiled training graph, the live sets
 and the memory plan, all in one value (`CudaPlan`). `report` prints it and
-`load` turns it into each rank's `sexpgpu.devices.cuda.kernels.TorchKernels`
+`load` turns it into each rank's `sexpgpu.devices.cuda.step_graphs.TorchGraphs`
 (the fused training step, the op-by-op evaluation) into a
 `sexpgpu.devices.state.TrainState`: parameters, gradient buffers and
 optimizer moments are float32 tensors on the GPU. The host sees the loss
@@ -229,8 +229,8 @@ class CudaDevice:
     def load(self, plan: CudaPlan, where: DeviceId) -> TrainState:
         """A rank's program on GPU `where` (refused below compute capability 8.0)."""
         from sexpgpu.devices.cuda.arrays import TorchOps
-        from sexpgpu.devices.cuda.kernels import TorchKernels
         from sexpgpu.devices.cuda.param_copies import ParamCopies
+        from sexpgpu.devices.cuda.step_graphs import TorchGraphs
         from sexpgpu.devices.cuda.stream import TorchStream
 
         torch = self.torch
@@ -251,10 +251,10 @@ class CudaDevice:
                 degree = plan.choice.degree
         # The update writes the bf16 copies of the parameters that the fused call reads.
         copies = ParamCopies()
-        kernels = TorchKernels(
+        graphs = TorchGraphs(
             plan.compiled, device, where, fused=fused, degree=degree, copies=copies
         )
-        return TrainState(kernels, TorchOps(device, copies), TorchStream(device), plan=plan.memory)
+        return TrainState(graphs, TorchOps(device, copies), TorchStream(device), plan=plan.memory)
 
 
 def _pattern_lines(graph: Graph) -> list[str]:

@@ -356,7 +356,7 @@ class FusedGraph:
         gm.recompile()
 
     def _kernel_map(self, compiled: Any) -> list[Kernel]:
-        """Kernels in launch order with the IR nodes each covers (Inductor's provenance)."""
+        """StepGraphs in launch order with the IR nodes each covers (Inductor's provenance)."""
         text = getattr(compiled, "inductor_provenance_mapping_str", None)
         if not text:
             return []

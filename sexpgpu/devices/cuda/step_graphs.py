@@ -1,4 +1,4 @@
-"""`TorchKernels`: a run's graphs on one torch device (the `Kernels` of cuda).
+"""`TorchGraphs`: a run's graphs on one torch device (the `StepGraphs` of cuda).
 
 The training graph runs as a `sexpgpu.devices.cuda.fused.FusedGraph` where
 it was compiled (Inductor's kernels summing into buffers kept for the run,
@@ -18,16 +18,16 @@ import torch
 
 from sexpgpu.devices.cuda.executor import TorchGraph
 from sexpgpu.devices.cuda.param_copies import ParamCopies
-from sexpgpu.devices.state import SummingKernels, Sums, add_sums, in_pieces
+from sexpgpu.devices.state import SummingGraphs, Sums, add_sums, in_pieces
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import PeakTracker
 
-__all__ = ["TorchKernels"]
+__all__ = ["TorchGraphs"]
 
 
-class TorchKernels(SummingKernels):
-    """A run's graphs lowered to PyTorch on one device (the `Kernels` of cuda).
+class TorchGraphs(SummingGraphs):
+    """A run's graphs lowered to PyTorch on one device (the `StepGraphs` of cuda).
 
     With `fused`, the training graph runs as a `FusedGraph` (Inductor's
     kernels, summing into buffers this object owns, a CUDA graph on a GPU)
@@ -59,7 +59,7 @@ class TorchKernels(SummingKernels):
         self.degree = degree  # microbatches per call of `fused`
         self.copies = ParamCopies() if copies is None else copies
         self._pending: list[Mapping[str, np.ndarray]] = []
-        self._pieces: dict[int, TorchKernels | None] = {}
+        self._pieces: dict[int, TorchGraphs | None] = {}
         self._buffers: Sums | None = None
 
     @functools.cached_property
@@ -102,14 +102,14 @@ class TorchKernels(SummingKernels):
         sums.count += self.degree
         return sums
 
-    def pieces(self, parts: int) -> TorchKernels | None:
+    def pieces(self, parts: int) -> TorchGraphs | None:
         """The training graph at ``1 / parts`` of the rows, op by op (after allocations failed)."""
         if parts not in self._pieces:
             smaller = self.compiled.pieces(parts)
             self._pieces[parts] = (
                 None
                 if smaller is None
-                else TorchKernels(smaller, self.device, self.where, copies=self.copies)
+                else TorchGraphs(smaller, self.device, self.where, copies=self.copies)
             )
         return self._pieces[parts]
 

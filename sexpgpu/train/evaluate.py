@@ -130,6 +130,6 @@ def _check_fields(
                 "E-DATA-008",
                 f"data set `{data.name}` does not fit the run: field `{key}` is {found}, "
                 f"the model reads {dtype} {list(shape)}",
-                getattr(data, "span", None) or data.name,
+                data.span or data.name,
                 hint="evaluate on a data set of the fields and :seq the run trained on",
             )

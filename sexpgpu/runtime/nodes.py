@@ -282,15 +282,38 @@ def _check_fingerprints(
     store.set(f"{_PREFIX}{config.node_rank}", json.dumps(posted, sort_keys=True))
     posts = [json.loads(store.get(f"{_PREFIX}{node}")) for node in range(config.nodes)]
     prints = [post["print"] for post in posts]
-    # Every node has read every fingerprint before any node may stop (node 0
-    # holds the store: leaving early would cut the others off mid-read).
-    store.set(f"{_PREFIX}read/{config.node_rank}", "1")
-    store.wait([f"{_PREFIX}read/{node}" for node in range(config.nodes)])
+    error = _first_difference(prints)  # every node reads the same posts: the same verdict
+    if error is not None:
+        _leave_store(store, config)
+        raise error
+    return [post["gpus"] for post in posts]
+
+
+def _leave_store(store: Any, config: RuntimeConfig) -> None:
+    """Leave the store so that no node is cut off in the middle of a request.
+
+    Node 0 holds the store: if it left while another node still waited on a
+    reply (a slow node, on a loaded machine), that node would see its
+    connection closed and report a vanished node (E-DP-007) instead of the
+    real error. So every other node's last request is a ``set``, which needs
+    no reply, and node 0 leaves only once it has seen all of them.
+    """
+    if config.node_rank != 0:
+        store.set(f"{_PREFIX}left/{config.node_rank}", "1")
+        return
+    try:
+        store.wait([f"{_PREFIX}left/{node}" for node in range(1, config.nodes)])
+    except RuntimeError:  # a node died meanwhile: the error at hand matters more
+        log.warning("a node did not confirm leaving the rendezvous")
+
+
+def _first_difference(prints: list[dict[str, Any]]) -> SexpgpuError | None:
+    """E-DP-006 for the first node whose fingerprint differs from node 0's; None if none."""
     first = prints[0]
     for node, other in enumerate(prints[1:], start=1):
         for key in sorted(first.keys() | other.keys()):
             if first.get(key) != other.get(key):
-                raise SexpgpuError(
+                return SexpgpuError(
                     "E-DP-006",
                     f"node {node} differs from node 0 in {key}: {other.get(key)!r} on node "
                     f"{node}, {first.get(key)!r} on node 0",
@@ -298,7 +321,7 @@ def _check_fingerprints(
                     hint="run the same experiment, code and checkpoint with the same "
                     "SEXPGPU_* variables and GPU count on every node",
                 )
-    return [post["gpus"] for post in posts]
+    return None
 
 
 def _gpu_names(config: RuntimeConfig) -> list[str]:

@@ -47,6 +47,19 @@ print(json.dumps(out))
 """
 
 
+# Prepended to a node's WORKER: every request to the rendezvous store waits a
+# second first, as on a loaded machine where one node lags the other.
+SLOW = r"""
+import time
+import torch.distributed as dist
+for _name in ("set", "get", "wait"):
+    def _slow(self, *args, _call=getattr(dist.TCPStore, _name)):
+        time.sleep(1.0)
+        return _call(self, *args)
+    setattr(dist.TCPStore, _name, _slow)
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -57,7 +70,7 @@ def free_port() -> int:
 RENDEZVOUS_S = 120.0
 
 
-def run_nodes(nodes=2, dtype="f32", experiments=None, timeout=RENDEZVOUS_S, start=None):
+def run_nodes(nodes=2, dtype="f32", experiments=None, timeout=RENDEZVOUS_S, start=None, slow=()):
     port = free_port()
     experiments = experiments or ["abc"] * nodes
     ranks = range(nodes) if start is None else start
@@ -66,7 +79,7 @@ def run_nodes(nodes=2, dtype="f32", experiments=None, timeout=RENDEZVOUS_S, star
             [
                 sys.executable,
                 "-c",
-                WORKER,
+                SLOW + WORKER if r in slow else WORKER,
                 str(r),
                 str(nodes),
                 str(port),
@@ -145,6 +158,17 @@ def test_e_dp_006_a_node_that_differs():
             "error[E-DP-006]: node 1 differs from node 0 in experiment: 'abd' on node 1, "
             "'abc' on node 0\n --> SEXPGPU_RENDEZVOUS\n"
         ), err
+
+
+@pytest.mark.timeout(600)
+def test_e_dp_006_when_a_node_lags():
+    # Node 0 holds the store: were it to leave while node 1 still waits on a reply,
+    # node 1 would see its connection closed and blame a vanished node (E-DP-007).
+    results = run_nodes(2, "f32", experiments=["abc", "abd"], slow=[1])
+    for rc, _, err in results:
+        assert rc == 1
+        assert err.startswith("error[E-DP-006]: node 1 differs from node 0 in experiment"), err
+        assert "frame #" not in err
 
 
 @pytest.mark.timeout(600)

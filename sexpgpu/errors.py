@@ -118,10 +118,12 @@ CODES: dict[str, str] = {
     # checkpoints
     "E-CKPT-001": "no complete checkpoint to resume from",
     "E-CKPT-002": "checkpoint damaged: a file is missing or its checksum differs",
-    "E-CKPT-003": "resume of a checkpoint written by another experiment",
+    "E-CKPT-003": "resume of a checkpoint written by another experiment (a setting differs)",
     "E-CKPT-004": "checkpoint location cannot be used (unsupported scheme, unreachable, "
     "missing s3fs)",
     "E-CKPT-005": "run folder holds another experiment's or run's records",
+    "E-CKPT-006": "a resume would rewrite history: the target is below the checkpoint, "
+    "or the run folder holds a newer one",
     # using a trained model
     "E-SAMPLE-001": "the run's model is not a language model sample can continue",
     "E-SAMPLE-002": "the prompt does not encode into the model's vocabulary",

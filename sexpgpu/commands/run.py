@@ -122,25 +122,44 @@ class _RichProgress:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM, a scheduler's stop: the run ends as on Ctrl-C, its status `interrupted`."""
+    """A second SIGTERM: the run ends at once, as on a second Ctrl-C."""
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise _Terminated
+class _StopHandler:
+    """SIGINT and SIGTERM (a preempted job): the first stops the run after the step
+    in flight, with a checkpoint there; a second stops it at once."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            raise _Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        self.signum = signum
+        self.trainer.stop.set()
+        print(
+            "stopping after this step, with a checkpoint (Ctrl-C again stops at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    # Python's default for SIGTERM ends the process on the spot, leaving status.json
-    # "running"; signal handlers can only be set from the main thread.
+def _stop_on_signals(handler: _StopHandler) -> Iterator[None]:
+    # Without it Ctrl-C stops mid-step and SIGTERM ends the process on the spot,
+    # leaving status.json "running"; handlers can only be set from the main thread.
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous: Callable[..., Any] | int | None = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous: dict[int, Callable[..., Any] | int | None] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        previous[signum] = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -156,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device,
         init_from=args.init_from,
         log=args.log,
+        announce=lambda line: print(line, flush=True),
     )
     steps = trainer.settings.steps
     if args.out is None and args.resume is None and trainer.run_dir.name != trainer.run_name:
@@ -167,8 +187,11 @@ def main(args: argparse.Namespace) -> int:
         )
     if not trainer.devices[0].startswith("cpu"):
         print("\n".join(trainer.report), flush=True)  # the lowering report
+    if args.out is None and args.resume is not None and trainer.run_dir.name != trainer.run_name:
+        print(f"run folder: {trainer.run_dir} (the newest this experiment's run claimed)")
+    handler = _StopHandler(trainer)
     try:
-        with _stop_on_sigterm():
+        with _stop_on_signals(handler):
             if sys.stdout.isatty():
                 display = _RichProgress(steps)
                 trainer.on_step = display
@@ -180,6 +203,13 @@ def main(args: argparse.Namespace) -> int:
     except _Terminated:
         print("terminated", file=sys.stderr)
         return 143  # 128 + SIGTERM, as a shell reports it
+    if summary.interrupted:
+        kept = "checkpoint written" if trainer.location is not None else "no :checkpoint location"
+        print(
+            f"interrupted after step {summary.step} ({kept}); --resume latest continues",
+            file=sys.stderr,
+        )
+        return 143 if handler.signum == signal.SIGTERM else 130  # 128 + the signal
     done = f"done: step {summary.step}"
     if summary.loss is not None:
         done += f", loss {summary.loss:.4f}"

@@ -27,6 +27,7 @@ the checkpoint to resume is known, and only node 0 touches the run folder.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,8 +44,8 @@ from sexpgpu.train.loggers import MirroredLog, open_loggers
 from sexpgpu.train.metrics import MetricsLog, write_status
 from sexpgpu.train.rank import RankLoop, RunContext, carry_key, params_digest
 from sexpgpu.train.reports import RunSummary, StepReport
-from sexpgpu.train.run_folder import RunClaim, claim_run_folder
-from sexpgpu.train.settings import RunSettings, changed_sets
+from sexpgpu.train.run_folder import RECORD, RunClaim, claim_run_folder, read_parent
+from sexpgpu.train.settings import RunSettings, changed_sets, first_difference
 from sexpgpu.train.trained import checkpoint_folder
 
 __all__ = ["RunSummary", "StepReport", "Trainer"]
@@ -66,7 +67,11 @@ class Trainer:
     run_dir
         Where ``metrics.jsonl``, ``status.json`` and relative checkpoints go.
     experiment_hash
-        Recorded in checkpoints; a resume must match it (E-CKPT-003).
+        Recorded in checkpoints and ``run.json``; a resume must match it (E-CKPT-003).
+    identity
+        The resolved experiment the hash is of
+        (`sexpgpu.train.settings.experiment_identity`), recorded in checkpoints
+        so that E-CKPT-003 names the first setting that differs.
     devices
         The ranks' devices, e.g. ``("cpu:0", "cpu:1")``.
     run_name
@@ -96,6 +101,14 @@ class Trainer:
         Parameters a fresh run starts from instead of its initializers.
     record
         More of the run for a new ``run.json`` (``--set`` values, ``--init-from``).
+    announce
+        Called with the lines a user should see (the checkpoint resumed).
+
+    Attributes
+    ----------
+    stop
+        Set it (from a signal handler, say) to stop after the step in flight:
+        the run writes a checkpoint there and ends with `RunSummary.interrupted`.
     """
 
     def __init__(
@@ -106,6 +119,7 @@ class Trainer:
         run_dir: Path,
         *,
         experiment_hash: str,
+        identity: Mapping[str, str] | None = None,
         devices: Sequence[str] = ("cpu:0",),
         run_name: str = "train",
         param_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -119,11 +133,15 @@ class Trainer:
         sets: Mapping[str, Any] | None = None,
         init: Mapping[str, Any] | None = None,
         record: Mapping[str, Any] | None = None,
+        announce: Callable[[str], None] | None = None,
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
         self.runtime = runtime or RuntimeConfig()
         self.run_dir = Path(run_dir)
         self.hash = experiment_hash
+        self.identity = dict(identity or {})
+        self.announce = announce or (lambda line: None)
+        self.stop = threading.Event()
         self.devices = tuple(devices)
         self.run_name, self.param_shapes = run_name, param_shapes
         self.target, self.plan, self.report = target, plan, tuple(report)
@@ -188,12 +206,17 @@ class Trainer:
         except BaseException as err:
             # Ctrl-C is not a failure of the run: say so, keeping the last step and loss.
             stopped = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-            if claim is not None:
-                self._status(metrics, state=stopped)
+            metrics.close()  # a rank still running writes no more
+            if claim is not None:  # status.json ends at metrics.jsonl's last step
+                self._status(metrics, state=stopped, step=metrics.last_step, loss=metrics.last_loss)
             raise
         finally:
             metrics.close()
         summary: RunSummary = results[0]
+        if summary.interrupted and claim is not None:
+            self._status(
+                metrics, state="interrupted", step=metrics.last_step, loss=metrics.last_loss
+            )
         summary.seconds = time.perf_counter() - started
         summary.resumed_from = ckpt.step if ckpt else None
         return summary
@@ -218,6 +241,8 @@ class Trainer:
             data=self.data,
             devices=self.devices,
             experiment_hash=self.hash,
+            identity=self.identity,
+            stop=self.stop,
             location=self.location,
             target=self.target,
             plan=self.plan,
@@ -240,7 +265,7 @@ class Trainer:
             self.run_name,
             resume=self.resume is not None,
             checkpoint_hashes=hashes,
-            record=self.record,
+            record=self.record | ({"parent": self._parent} if self._parent else {}),
         )
 
     def _open_metrics(self, resumed: int | None) -> MetricsLog | MirroredLog:
@@ -272,24 +297,34 @@ class Trainer:
         )
 
     def _latest(self, where: str) -> Checkpoint:
-        """The newest sound checkpoint of this experiment at or below the run's steps.
+        """The newest sound checkpoint of this experiment in the run's location.
 
-        When there is none, the newest sound one of any is returned, so that the
-        checks below say what it is (another experiment's: E-CKPT-003; past the
-        steps: E-CLI-001).
+        A branch with no checkpoint of its own yet takes its parent's (``run.json``).
+        When this experiment has none, the newest of any is returned, so that
+        `_check_identity` says whose it is (E-CKPT-003).
         """
-        newest = self._load(where)
-        mine = newest.state.get("experiment_hash") == self.hash
-        if mine and newest.step <= self.settings.steps:
+        try:
+            newest = self._load(where)
+        except SexpgpuError as err:
+            parent = self._recorded_parent() if err.code == "E-CKPT-001" else None
+            if parent is None:
+                raise
+            return self._load(parent)
+        if newest.state.get("experiment_hash") == self.hash:
             return newest
         try:
-            return self._load(where, experiment_hash=self.hash, max_step=self.settings.steps)
+            return self._load(where, experiment_hash=self.hash)
         except SexpgpuError as err:
             if err.code != "E-CKPT-001":
                 raise
             return newest
 
+    def _recorded_parent(self) -> str | None:
+        parent = read_parent(self.run_dir)
+        return None if parent is None else parent["checkpoint"]
+
     def _load_resume(self) -> Checkpoint | None:
+        self._parent: dict[str, Any] | None = None
         if self.resume is None:
             return None
         if self.resume == "latest":
@@ -303,17 +338,8 @@ class Trainer:
             ckpt = self._latest(self.location.where)
         else:
             ckpt = self._load(self.resume)
+        self._check_identity(ckpt)
         state = ckpt.state
-        if state.get("experiment_hash") != self.hash:
-            raise SexpgpuError(
-                "E-CKPT-003",
-                f"checkpoint {ckpt.where} was written by experiment "
-                f"{str(state.get('experiment_hash'))[:12]}, this is {self.hash[:12]}",
-                ckpt.where,
-                hint=changed_sets(state.get("sets"), self.sets)
-                or "resume with the same file, variant, --set values and run; "
-                "change only --steps to extend a run",
-            )
         here = (len(self.devices), self.runtime.nodes)
         if (state["devices"], state["nodes"]) != here:
             where = "SEXPGPU_DEVICES" if state["devices"] != here[0] else "SEXPGPU_NODES"
@@ -325,23 +351,112 @@ class Trainer:
                 hint=f"resume with {state['devices']} device(s) per node on "
                 f"{state['nodes']} node(s), as the checkpoint was written",
             )
-        if ckpt.step > self.settings.steps:
-            # Training on would run backwards; most likely --steps was mistyped.
-            raise SexpgpuError(
-                "E-CLI-001",
-                f"checkpoint {ckpt.where} is at step {ckpt.step}, past the run's "
-                f"{self.settings.steps} steps",
-                "--steps",
-                hint=f"give --steps {ckpt.step + 1} or more to train on from it, "
-                "or resume from an earlier checkpoint",
-            )
+        self._check_history(ckpt)
+        if not self._inside(ckpt.where):
+            self._parent = {
+                "folder": _run_folder_of(ckpt.where),
+                "checkpoint": ckpt.where,
+                "step": ckpt.step,
+            }
         log.info("resume: step %d from %s", ckpt.step, ckpt.where)
+        shown = ckpt.where
+        if self._inside(ckpt.where) and "://" not in shown:
+            shown = str(Path(ckpt.where).relative_to(self.run_dir))
+        self.announce(f"resumed from {shown} (step {ckpt.step} of {self.settings.steps})")
         return ckpt
+
+    def _check_identity(self, ckpt: Checkpoint) -> None:
+        """E-CKPT-003 when the checkpoint is of another experiment, naming the first setting."""
+        state = ckpt.state
+        if state.get("experiment_hash") == self.hash:
+            return
+        theirs = state.get("experiment")
+        known = isinstance(theirs, dict) and self.identity
+        key = first_difference(self.identity, theirs) if known else None
+        if key is not None:
+            what = (
+                f"`{key}` differs: {_shown(theirs.get(key))} in the checkpoint, "
+                f"{_shown(self.identity.get(key))} here"
+            )
+        else:
+            what = (
+                f"it was written by experiment {str(state.get('experiment_hash'))[:12]}, "
+                f"this is {self.hash[:12]}"
+            )
+        raise SexpgpuError(
+            "E-CKPT-003",
+            f"checkpoint {ckpt.where} is of another experiment: {what}",
+            ckpt.where,
+            hint=changed_sets(state.get("sets"), self.sets)
+            or "resume with the same settings (comments, layout and other variants do not "
+            "matter); change only --steps to extend a run, or start a new run with --out",
+        )
+
+    def _check_history(self, ckpt: Checkpoint) -> None:
+        """E-CKPT-006 when training on from `ckpt` would rewrite the run's history.
+
+        That is when the run's target is below the checkpoint, or when the
+        run folder holds a newer checkpoint of this experiment: the new steps
+        would sit beside a trajectory they do not continue.
+        """
+        newer = None
+        if self.location is not None:
+            try:
+                newest = self._load(self.location.where, experiment_hash=self.hash)
+                newer = newest if newest.step > ckpt.step else None
+            except SexpgpuError as err:
+                if err.code != "E-CKPT-001":
+                    raise
+        if ckpt.step <= self.settings.steps and newer is None:
+            return  # at the last step already: nothing to do, nothing rewritten
+        steps = self.settings.steps
+        if newer is not None:
+            what = (
+                f"checkpoint {ckpt.where} (step {ckpt.step}) is below step {newer.step}, the "
+                f"newest in {self.location}: training on from it would fork the run's history"
+            )
+            cont = f"--resume latest --steps {max(steps, newer.step + 1)}"
+            branch = f"--out NEW_FOLDER --resume {ckpt.where} --steps {steps}"
+        else:
+            what = f"checkpoint {ckpt.where} is at step {ckpt.step}, past the target step {steps}"
+            cont = f"--resume latest --steps {ckpt.step + 1} or more"
+            earlier = self._earlier(steps)
+            branch = (
+                f"--out NEW_FOLDER --resume {earlier.where} --steps {steps}"
+                if earlier is not None
+                else "--out NEW_FOLDER without --resume"
+            )
+        raise SexpgpuError(
+            "E-CKPT-006",
+            what,
+            "--resume" if newer is not None else "--steps",
+            hint=f"continue it: {cont}; or branch into a new folder: {branch}",
+        )
+
+    def _earlier(self, steps: int) -> Checkpoint | None:
+        """The newest checkpoint of this experiment below step `steps`, to branch from."""
+        if self.location is None:
+            return None
+        try:
+            return self._load(self.location.where, experiment_hash=self.hash, max_step=steps - 1)
+        except SexpgpuError as err:
+            if err.code != "E-CKPT-001":
+                raise
+            return None
+
+    def _inside(self, where: str) -> bool:
+        """Whether a checkpoint lies in this run's own checkpoint location."""
+        if self.location is None:
+            return False
+        parent = where.rstrip("/").rpartition("/")[0]
+        if "://" in parent or self.location.remote:
+            return parent == self.location.where
+        return Path(parent).resolve() == Path(self.location.where).resolve()
 
     def _status(self, metrics: MetricsLog, **fields: Any) -> None:
         # Fields not given keep their last written value, so a final "failed" or
         # "interrupted" still says how far the run got.
-        defaults = {"step": 0, "steps": self.settings.steps, "loss": None}
+        defaults: dict[str, Any] = {"step": 0, "steps": self.settings.steps, "loss": None}
         defaults |= {"tokens_per_s": 0.0, "eta_s": None}
         self._last_status = getattr(self, "_last_status", defaults) | fields
         try:
@@ -350,8 +465,25 @@ class Trainer:
             log.warning("could not write %s", self.run_dir / "status.json")
 
 
+def _run_folder_of(where: str) -> str | None:
+    """The run folder a checkpoint ``.../step-N`` belongs to: the nearest with a run.json."""
+    if "://" in where:
+        return None
+    for folder in list(Path(where).resolve().parents)[:3]:
+        if (folder / RECORD).is_file():
+            return str(folder)
+    return None
+
+
+def _shown(text: str | None) -> str:
+    return "nothing" if text is None else (text if len(text) <= 60 else text[:57] + "...")
+
+
 class _Silent:
     """The records of a node other than node 0: it writes none."""
+
+    last_step = 0
+    last_loss = None
 
     def write(self, step: int, name: str, value: Any) -> None:
         """Nothing: node 0 writes the records."""

@@ -3,7 +3,8 @@
 ``metrics.jsonl`` holds one JSON object per line, ``{"step", "name",
 "value"}``; docs/metrics.md lists the names. Each line is flushed as it is
 written, so a run killed at any moment leaves whole lines (at most the last
-one cut, which readers skip). ``status.json`` is replaced atomically (write a
+one cut, which readers skip); no record is ever deleted (`MetricsLog` says
+where superseded ones go). ``status.json`` is replaced atomically (write a
 temporary file, fsync, rename) so a reader never sees half of it.
 """
 
@@ -13,12 +14,22 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REDUCERS", "MetricsLog", "read_metrics", "read_series", "write_status"]
+__all__ = [
+    "REDUCERS",
+    "SUPERSEDED",
+    "MetricsLog",
+    "read_metrics",
+    "read_series",
+    "write_status",
+]
+
+SUPERSEDED = "metrics.superseded.jsonl"  # records a resume or a fresh start set aside
 
 # name as users type it in `:reduce` -> fold of the ranks' values
 REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
@@ -32,36 +43,61 @@ REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
 class MetricsLog:
     """Appends ``{"step", "name", "value"}`` lines to ``metrics.jsonl``.
 
+    No record is ever deleted. On a resume from step `keep_through`, the
+    records of later steps (written after the last checkpoint by a run that
+    then crashed) are moved to ``metrics.superseded.jsonl`` beside it, each
+    with a ``superseded`` field saying why, so that ``metrics.jsonl`` reads
+    as one trajectory; a fresh start moves every earlier record there.
+
     Parameters
     ----------
     path
         The file.
     keep_through
-        On a resume, the step of the checkpoint: lines of later steps (written
-        by the run after its last checkpoint) are dropped first, so the file
-        reads as one uninterrupted run. None starts a new file.
+        On a resume, the step of the checkpoint; None starts the trajectory anew.
     """
 
     def __init__(self, path: Path, keep_through: int | None = None) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if keep_through is not None:
-            kept = [r for r in read_metrics(self.path) if r["step"] <= keep_through]
+        kept, moved = [], []
+        for record in read_metrics(self.path):
+            keep = keep_through is not None and record["step"] <= keep_through
+            (kept if keep else moved).append(record)
+        if moved:
+            why = "a fresh start" if keep_through is None else f"a resume from step {keep_through}"
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            _append(
+                self.path.with_name(SUPERSEDED),
+                [r | {"superseded": f"{why}, {stamp}"} for r in moved],
+            )
         _atomic_write(self.path, "".join(_line(r) for r in kept))
+        losses = [r for r in kept if r["name"] == "train/loss"]
+        last = max(losses, key=lambda r: r["step"], default=None)
+        # The last step recorded: status.json says the same after any stop.
+        self.last_step = (keep_through or 0) if last is None else last["step"]
+        self.last_loss = None if last is None else last["value"]
+        self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the run
 
     def write(self, step: int, name: str, value: Any) -> None:
-        """Append one record and flush it."""
-        self._file.write(_line({"step": step, "name": name, "value": value}))
-        self._file.flush()
+        """Append one record and flush it (nothing once closed)."""
+        with self._lock:
+            if self._file.closed:  # a run stopped at once: a rank may still be finishing
+                return
+            self._file.write(_line({"step": step, "name": name, "value": value}))
+            self._file.flush()
+            if name == "train/loss":
+                self.last_step, self.last_loss = step, value
 
     def annotate(self, step: int, text: str) -> None:
         """Append a free-text annotation (memory plan, skipped checkpoint, ...)."""
         self.write(step, "annotation", text)
 
     def close(self) -> None:
-        self._file.close()
+        """Stop recording: later writes are dropped, so `last_step` stays the last."""
+        with self._lock:
+            self._file.close()
 
 
 def _line(record: dict[str, Any]) -> str:
@@ -85,9 +121,34 @@ def read_metrics(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def read_series(run_dir: Path, name: str) -> dict[int, float]:
-    """``step -> value`` of the records called `name` in a run directory's ``metrics.jsonl``."""
-    records = read_metrics(Path(run_dir) / "metrics.jsonl")
-    return {r["step"]: r["value"] for r in records if r["name"] == name}
+    """``step -> value`` of the records called `name`: the run's one trajectory.
+
+    Records a resume superseded are not in ``metrics.jsonl``. A run branched
+    from another run's checkpoint (``--out NEW --resume PATH``, its parent in
+    ``run.json``) starts with its parent's trajectory up to that checkpoint.
+    """
+    from sexpgpu.train.run_folder import read_parent
+
+    series: dict[int, float] = {}
+    seen: set[Path] = set()
+    folder, through = Path(run_dir), None
+    while folder.resolve() not in seen:
+        seen.add(folder.resolve())
+        records = read_metrics(folder / "metrics.jsonl")
+        own = {r["step"]: r["value"] for r in records if r["name"] == name}
+        series = {k: v for k, v in own.items() if through is None or k <= through} | series
+        parent = read_parent(folder)
+        if parent is None or parent["folder"] is None:
+            break
+        folder, through = Path(parent["folder"]), parent["step"]
+    return dict(sorted(series.items()))
+
+
+def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(_line(r) for r in records))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _atomic_write(path: Path, text: str) -> None:

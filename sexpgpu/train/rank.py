@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class _Queued:
     locals: list[dict[str, Any]]  # every rank's peak, events and local diagnostics
     due: list[Any]  # the diagnostics due at this step
     batches: list[dict[str, np.ndarray]]
+    stop: bool = False  # the run stops after this step (every rank agrees)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class RunContext:
         The ranks' devices, e.g. ``("cpu:0", "cpu:1")``.
     experiment_hash
         Recorded in checkpoints.
+    identity
+        The resolved experiment, recorded in checkpoints beside its hash.
+    stop
+        Set to stop after the step in flight, with a checkpoint there.
     location
         Where checkpoints go, or None.
     target
@@ -95,6 +101,8 @@ class RunContext:
     data: Any
     devices: tuple[str, ...]
     experiment_hash: str
+    identity: Mapping[str, str]
+    stop: threading.Event
     location: Location | None
     target: str | None
     plan: MemoryPlan | None
@@ -194,19 +202,33 @@ class RankLoop:
             if queued is not None:
                 began = self._conclude(queued, began, times)
             queued = self._update(index, batches)
+            if queued.stop:
+                break
         if queued is not None:
             self._conclude(queued, began, times)
-        if self.lead:
+        interrupted = queued is not None and queued.stop and queued.step < s.steps
+        if interrupted:
+            self._interrupted(queued.step)
+        elif self.lead:
             self._finish()
         return RunSummary(
-            step=max(self.start, s.steps),
+            step=queued.step if interrupted else max(self.start, s.steps),
             loss=self.last["loss"],
             eval_loss=self.last["eval_loss"],
             eval_accuracy=self.last["eval_accuracy"],
             seconds=0.0,
             params=self.program.host_params() if self.ctx.rank == 0 else {},  # results[0] is kept
             memory=self._peak_line(),
+            interrupted=interrupted,
         )
+
+    def _interrupted(self, step: int) -> None:
+        """Stopped after `step` (SIGINT, SIGTERM): a checkpoint there, so nothing is lost."""
+        if not self._checkpoints(step):
+            self._checkpoint(step)
+        if self.lead:
+            where = "" if self.run_ctx.location is not None else " (no :checkpoint location)"
+            self.metrics.annotate(step, f"interrupted after step {step}{where}")
 
     def _queue_behind(self, step: int) -> bool:
         """Whether the next step may be queued before `step`'s numbers are read.
@@ -238,6 +260,7 @@ class RankLoop:
         program = self.program
         step = index + 1
         local = {"peak": program.take_peak(), "events": list(program.events)}
+        local["stop"] = self.run_ctx.stop.is_set()
         program.events.clear()
         due = [d for d in self.diagnostics if step % d.every == 0]
         if any(d.name == "grad-norm" for d in due):
@@ -246,9 +269,12 @@ class RankLoop:
         locals_ = self.ctx.allgather(local)
         if self.speaker:
             locals_ = [x for node in self.link.allgather(locals_) for x in node]
+        stop = any(x["stop"] for x in locals_)
+        if self.link.nodes > 1:  # only rank 0 heard the other nodes
+            stop = self.ctx.broadcast(stop, root=0)
         lr = self.schedule(index)
         norm = program.update(lr, self.s.clip)
-        return _Queued(step, loss, norm, lr, locals_, due, batches)
+        return _Queued(step, loss, norm, lr, locals_, due, batches, stop)
 
     def _conclude(self, queued: _Queued, began: float, times: list[float]) -> float:
         """Read a queued step's numbers, record them, evaluate and checkpoint where due.
@@ -417,6 +443,7 @@ class RankLoop:
         state = {
             "format": 1,
             "experiment_hash": self.run_ctx.experiment_hash,
+            "experiment": dict(self.run_ctx.identity),
             "optimizer": host.optimizer,
             "loaders": [x["loader"] for x in everyone],
             "devices": self.ctx.size,

@@ -38,3 +38,4 @@ class RunSummary:
     params: dict[str, np.ndarray] = field(repr=False)
     resumed_from: int | None = None
     memory: str | None = None  # ``memory: peak X of Y planned (+Z%)``
+    interrupted: bool = False  # stopped early by `Trainer.stop` (SIGINT, SIGTERM)

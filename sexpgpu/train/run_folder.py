@@ -14,19 +14,26 @@ nothing                                claimed, fresh
 this experiment's run.json, resume     continue (the loader then takes only
                                        this experiment's checkpoints)
 this experiment's run.json, fresh,     start anew, said in `RunClaim.note`
-no checkpoints                         (the old metrics are replaced)
+no checkpoints                         (the old records are superseded)
 this experiment's checkpoints, fresh   E-CKPT-005: resume it or clear them
 another experiment's or run's          E-CKPT-005, naming both
 records (run.json or checkpoints)
 records without run.json (older        adopted when no checkpoint says
 sexpgpu), none of another experiment   otherwise, said in the note
 =====================================  =========================================
+
+A run branched from another run's checkpoint (``--out NEW --resume PATH``)
+records its parent in ``run.json``: the parent's folder, the checkpoint and
+its step. Nothing is copied; `sexpgpu.train.metrics.read_series` reads the
+parent's records up to that step before the branch's own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +41,14 @@ from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 
-__all__ = ["RECORD", "RunClaim", "claim_run_folder", "free_run_folder"]
+__all__ = [
+    "RECORD",
+    "RunClaim",
+    "claim_run_folder",
+    "claimed_folder",
+    "free_run_folder",
+    "read_parent",
+]
 
 RECORD = "run.json"
 _FORMAT = 1
@@ -74,6 +88,53 @@ def free_run_folder(base: Path) -> Path:
     return candidate
 
 
+def claimed_folder(base: Path, experiment_hash: str, run_name: str) -> Path | None:
+    """The newest of `base`, ``base-2``, ``base-3``... claimed by this experiment's run.
+
+    What ``--resume latest`` without ``--out`` continues: `free_run_folder`
+    may have given the run ``runs/train-3`` because ``runs/train`` held
+    another experiment. None when no folder is this run's.
+    """
+    pattern = re.compile(re.escape(base.name) + r"(-[0-9]+)?")
+    found = []
+    if base.parent.is_dir():
+        for folder in base.parent.iterdir():
+            if not pattern.fullmatch(folder.name) or not (folder / RECORD).is_file():
+                continue
+            try:
+                record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, ValueError):
+                continue  # not this run's to judge here; claiming it says what is wrong
+            mine = isinstance(record, dict) and record.get("experiment_hash") == experiment_hash
+            if mine and record.get("run") == run_name:
+                created = record.get("created")
+                when = (
+                    created
+                    if isinstance(created, int | float)
+                    else (folder / RECORD).stat().st_mtime
+                )
+                found.append((when, folder.name, folder))
+    return max(found)[2] if found else None
+
+
+def read_parent(folder: Path) -> dict[str, Any] | None:
+    """What a branched run started from (its ``run.json``): ``folder``, ``checkpoint``, ``step``.
+
+    ``folder`` is the parent's run folder, or None when the checkpoint lies in
+    no run folder (a bucket, say). None for a run that is no branch.
+    """
+    try:
+        record = json.loads((Path(folder) / RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    parent = record.get("parent") if isinstance(record, dict) else None
+    if not isinstance(parent, dict) or not isinstance(parent.get("checkpoint"), str):
+        return None
+    if type(parent.get("step")) is not int or not isinstance(parent.get("folder"), str | None):
+        return None
+    return parent
+
+
 def _owner_error(folder: Path, what: str, hint: str) -> SexpgpuError:
     return SexpgpuError("E-CKPT-005", f"run folder {folder} {what}", str(folder), hint)
 
@@ -101,7 +162,9 @@ def claim_run_folder(
         The experiment hashes of the checkpoints already in the run's
         checkpoint location (empty when it has none or none is set).
     record
-        More of the run to write into a new ``run.json`` (its ``--set`` values).
+        More of the run to write into a new ``run.json``: its ``--set``
+        values, and a branch's parent (the folder, checkpoint and step it
+        resumed from).
 
     Returns
     -------
@@ -144,9 +207,12 @@ def claim_run_folder(
     if owner is None and old:
         note = f"run folder {path}: adopting records written without {RECORD}"
     if not resume and old:
-        note = f"run folder {path}: starting anew; the earlier {' and '.join(old)} are replaced"
+        note = (
+            f"run folder {path}: starting anew; the earlier records are kept apart "
+            "in metrics.superseded.jsonl"
+        )
     if owner is None:
-        _write_owner(path, {**mine, **(record or {})})
+        _write_owner(path, {**mine, "created": time.time(), **(record or {})})
     return RunClaim(path, fresh=not resume, note=note)
 
 

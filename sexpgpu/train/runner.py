@@ -10,7 +10,12 @@ from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.loop import RunSummary, StepReport, Trainer
-from sexpgpu.train.settings import RunSettings, experiment_hash, microbatches_per_rank
+from sexpgpu.train.settings import (
+    RunSettings,
+    experiment_identity,
+    identity_hash,
+    microbatches_per_rank,
+)
 
 __all__ = ["prepare_run", "run_experiment"]
 
@@ -29,14 +34,27 @@ def _check_trainable(compiled: Any, rundef: Any) -> None:
         )
 
 
-def _run_dir(out: str | Path | None, name: str, resume: str | None) -> Path:
-    """``--out``, else ``runs/RUN-NAME`` (a fresh run takes the next free ``runs/RUN-NAME-N``)."""
-    from sexpgpu.train.run_folder import free_run_folder
+def _run_dir(out: str | Path | None, name: str, resume: str | None, identity_hash: str) -> Path:
+    """``--out``, else ``runs/RUN-NAME`` or ``runs/RUN-NAME-N``.
+
+    A fresh run takes the first free one; a resume the newest this
+    experiment's run claimed (a fresh run may have been given ``runs/train-3``).
+    """
+    from sexpgpu.train.run_folder import claimed_folder, free_run_folder
 
     if out is not None:
+        if not str(out).strip():
+            raise SexpgpuError(
+                "E-CLI-001",
+                "--out is empty",
+                "--out",
+                hint="name the run directory, e.g. --out runs/try-1 (or leave --out out)",
+            )
         return Path(out)
     base = Path("runs") / name
-    return base if resume is not None else free_run_folder(base)
+    if resume is None:
+        return free_run_folder(base)
+    return claimed_folder(base, identity_hash, name) or base
 
 
 def prepare_run(
@@ -50,6 +68,7 @@ def prepare_run(
     resume: str | None = None,
     device: str | None = None,
     on_step: Callable[[StepReport], None] | None = None,
+    announce: Callable[[str], None] | None = None,
     environ: Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     init_from: str | Path | None = None,
@@ -76,6 +95,8 @@ def prepare_run(
         ``--device``; None reads ``SEXPGPU_DEVICE``.
     on_step
         Progress callback (rank 0's thread).
+    announce
+        Called with the lines a user should see (the checkpoint resumed).
     environ
         The environment (default ``os.environ``): device and node variables.
     storage_options
@@ -124,6 +145,7 @@ def prepare_run(
     )
     check_plan(plan, hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
     local = config.local_devices
+    identity = experiment_identity(experiment, rundef.name)
 
     def make_program(rank: int) -> Any:
         return backend.load(plan, local[rank])
@@ -132,8 +154,9 @@ def prepare_run(
         make_program,
         experiment.data[rundef.data],
         settings,
-        _run_dir(out, rundef.name, resume),
-        experiment_hash=experiment_hash(experiment, rundef.name),
+        _run_dir(out, rundef.name, resume, identity_hash(identity)),
+        experiment_hash=identity_hash(identity),
+        identity=identity,
         devices=devices,
         run_name=rundef.name,
         param_shapes={key: info.shape for key, info in compiled.params.items()},
@@ -142,6 +165,7 @@ def prepare_run(
         report=backend.report(plan),
         resume=resume,
         on_step=on_step,
+        announce=announce,
         storage_options=storage_options,
         runtime=config,
         sets=experiment.sets,

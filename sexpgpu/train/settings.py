@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.definitions import OptimizerSpec, ScheduleSpec
 from sexpgpu.lang.runs import RUN_KEYS
+from sexpgpu.lang.syntax import Keyword, ListNode, Literal, Symbol, Vector, unparse
 
-__all__ = ["RunSettings", "changed_sets", "experiment_hash", "microbatches_per_rank"]
+__all__ = [
+    "RunSettings",
+    "changed_sets",
+    "experiment_hash",
+    "experiment_identity",
+    "first_difference",
+    "identity_hash",
+    "microbatches_per_rank",
+]
 
 
 @dataclass(frozen=True)
@@ -76,22 +86,74 @@ def microbatches_per_rank(microbatches: int, ranks: int) -> int:
 
 
 def experiment_hash(experiment: Any, run_name: str) -> str:
-    """sha256 of the experiment's text, its variant, its ``--set`` values and the run's name.
+    """sha256 of the run's `experiment_identity`: what checkpoints and ``run.json`` carry.
 
     ``--steps`` is not part of it, so a run can be extended by resuming with a
-    larger ``--steps``; any edit of the file, or another ``--set``, makes
-    another experiment.
+    larger ``--steps``; a changed setting (``--set`` among them) makes another
+    experiment, a comment or another variant does not.
     """
-    source = getattr(experiment, "source", None)
-    text = getattr(source, "text", source)
-    if not isinstance(text, str):
-        text = Path(experiment.path).read_text(encoding="utf-8")
-    parts: list[Any] = [text, getattr(experiment, "variant", None), run_name]
-    sets = dict(getattr(experiment, "sets", {}) or {})
-    if sets:  # runs without --set keep the hash they always had
-        parts.append(sorted(sets.items()))
-    blob = json.dumps(parts)
+    return identity_hash(experiment_identity(experiment, run_name))
+
+
+def identity_hash(identity: Mapping[str, str]) -> str:
+    """sha256 of an `experiment_identity`."""
+    blob = json.dumps(sorted(identity.items()))
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def experiment_identity(experiment: Any, run_name: str) -> dict[str, str]:
+    """What makes a run the same experiment: every resolved setting, by name, as text.
+
+    The parameters after the variant and ``--set``, the run's data, functions,
+    models and every setting of the run except its steps (a run is extended
+    with ``--steps``). Comments, layout, the order of forms and variants the
+    run does not use leave it unchanged; any changed setting changes it, and
+    `first_difference` names the first that differs.
+    """
+    identity = {f"parameter {k}": _text(v) for k, v in experiment.params.items()}
+    run = experiment.runs[run_name]
+    data = experiment.data[run.data]
+    path = None if data.path is None else str(Path(data.path).resolve())
+    identity[f"data {data.name}"] = _text([data.kind, path, dict(data.options)])
+    for fn in experiment.functions.values():
+        identity[f"defn {fn.name}"] = _text([[a.name for a in fn.args], unparse(fn.body)])
+    for model in experiment.models.values():
+        identity[f"model {model.name}"] = _text(
+            [[a.name for a in model.inputs], unparse(model.body)]
+        )
+    for name in (f.name for f in fields(run)):
+        if name not in ("span", "steps"):
+            identity[f"run {run_name} :{name}"] = _text(getattr(run, name))
+    return identity
+
+
+def first_difference(ours: Mapping[str, str], theirs: Mapping[str, str]) -> str | None:
+    """The first setting (in `ours`' order, then `theirs`') whose text differs; None if none."""
+    for key in [*ours, *(k for k in theirs if k not in ours)]:
+        if ours.get(key) != theirs.get(key):
+            return key
+    return None
+
+
+def _text(value: Any) -> str:
+    """A setting as canonical text: syntax unparsed, dataclasses by field, spans left out."""
+    return json.dumps(_plain(value), sort_keys=True)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Symbol | Keyword | Literal | ListNode | Vector):
+        return unparse(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value) if f.name != "span"}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    return value
 
 
 def changed_sets(then: Any, now: Mapping[str, Any]) -> str | None:

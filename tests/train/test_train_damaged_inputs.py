@@ -192,11 +192,9 @@ def test_a_fresh_folder_is_claimed_and_a_resume_continues(tmp_path) -> None:
     folder = tmp_path / "runs" / "train"
     claim = claim_run_folder(folder, "a" * 64, "train", resume=False)
     assert (claim.fresh, claim.note) == (True, None)
-    assert json.loads((folder / RECORD).read_text()) == {
-        "format": 1,
-        "experiment_hash": "a" * 64,
-        "run": "train",
-    }
+    record = json.loads((folder / RECORD).read_text())
+    assert isinstance(record.pop("created"), float)  # when: the newest claim is resumed
+    assert record == {"format": 1, "experiment_hash": "a" * 64, "run": "train"}
     claim = claim_run_folder(folder, "a" * 64, "train", resume=True, checkpoint_hashes=["a" * 64])
     assert (claim.fresh, claim.note) == (False, None)
 
@@ -228,7 +226,8 @@ def test_a_fresh_run_over_its_own_records_says_it_starts_anew(tmp_path) -> None:
     (tmp_path / "metrics.jsonl").write_text("")
     claim = claim_run_folder(tmp_path, "a" * 64, "r", resume=False)
     assert claim.note == (
-        f"run folder {tmp_path}: starting anew; the earlier metrics.jsonl are replaced"
+        f"run folder {tmp_path}: starting anew; the earlier records are kept apart "
+        "in metrics.superseded.jsonl"
     )
     err = _error(
         lambda: claim_run_folder(

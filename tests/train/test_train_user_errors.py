@@ -8,6 +8,7 @@ import pytest
 from sexpgpu.cli import main
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train import run_experiment
+from sexpgpu.train.metrics import read_metrics
 
 RUN = """
 (defdata digits (digits) :split 0.9)
@@ -230,13 +231,12 @@ def test_resuming_past_the_run_s_steps_is_refused(tmp_path, capsys):
     again = ["run", str(path), "--out", str(tmp_path / "run"), "--resume", "latest"]
     assert main([*again, "--steps", "3"]) == 1
     err = _error(capsys)
-    assert "error[E-CLI-001]" in err and "at step 4, past the run's 3 steps" in err
-    assert "--steps 5 or more" in err
+    assert "error[E-CKPT-006]" in err and "at step 4, past the target step 3" in err
+    assert "--resume latest --steps 5 or more" in err
     assert main([*again, "--steps", "4"]) == 0  # nothing left to do is not an error
 
 
-def test_sigterm_stops_a_run_like_ctrl_c_with_status_143(tmp_path):
-    import signal
+def _run_until_a_checkpoint(tmp_path):
     import subprocess
     import sys
     import time
@@ -250,22 +250,56 @@ def test_sigterm_stops_a_run_like_ctrl_c_with_status_143(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "sexpgpu", "run", str(path), "--out", str(run_dir)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "ck" / "step-20").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(proc.stderr.read())
+        time.sleep(0.02)
+    return path, run_dir, proc
+
+
+def _last_step(run_dir):
+    losses = [
+        r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["name"] == "train/loss"
+    ]
+    return max(losses)
+
+
+@pytest.mark.parametrize(("signum", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_finishes_the_step_checkpoints_and_stops(tmp_path, signum, code):
+    import signal
+
+    path, run_dir, proc = _run_until_a_checkpoint(tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not (run_dir / "ck" / "step-20").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        proc.send_signal(getattr(signal, signum))
+        _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode == 143 and "terminated" in err and "Traceback" not in err
+    assert proc.returncode == code and "Traceback" not in err, err
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == "interrupted"
-    # The newest checkpoint is whole: a resume goes on from it.
-    newest = max(int(p.name.removeprefix("step-")) for p in (run_dir / "ck").glob("step-*"))
+    last = _last_step(run_dir)
+    assert status["state"] == "interrupted" and status["step"] == last
+    assert f"interrupted after step {last} (checkpoint written)" in err
+    assert (run_dir / "ck" / f"step-{last}" / "manifest.json").exists()  # nothing lost
     resumed = ["run", str(path), "--out", str(run_dir), "--resume", "latest"]
-    assert main([*resumed, "--steps", str(newest + 1)]) == 0
+    assert main([*resumed, "--steps", str(last + 1)]) == 0
+
+
+def test_a_second_sigint_stops_at_once(tmp_path):
+    import signal
+
+    _, run_dir, proc = _run_until_a_checkpoint(tmp_path)
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    status = json.loads((run_dir / "status.json").read_text())
+    # Stopped wherever it was, status.json still names metrics.jsonl's last step.
+    assert status["state"] == "interrupted" and status["step"] == _last_step(run_dir)
 
 
 def test_u32_token_ids_beyond_int32_are_named_not_wrapped(tmp_path, capsys):

@@ -13,6 +13,7 @@ number folded at trace time, such as ``(* 4 width)``), or a tuple of values
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -137,12 +138,16 @@ class Call:
     def integer(self, key: ArgKey, minimum: int | None = None) -> int:
         """The argument as an integer (at least `minimum` when given)."""
         value = self.get(key)
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
-            value = int(value)  # 4.0 is 4; 1e300 stays a float, which is no size
+        # 4.0 is refused where it is written, not taken for 4: a float here is most
+        # often a size computed with `/`, which the next shape would blame.
         if not is_number(value) or not isinstance(value, int):
+            hint, found = "write a whole number or a parameter holding one", describe_value(value)
+            if isinstance(value, float):
+                hint = "write it without a decimal point; divide sizes with (// a b), not (/ a b)"
+                found = f"the float {value!r}"
             raise self.fail(
-                f"{self.label(key)} must be an integer, found {describe_value(value)}",
-                "write a whole number or a parameter holding one",
+                f"{self.label(key)} must be an integer, found {found}",
+                hint,
                 key,
             )
         if minimum is not None and value < minimum:
@@ -153,13 +158,19 @@ class Call:
             )
         return value
 
-    def number(self, key: ArgKey) -> float:
-        """The argument as a number."""
+    def number(self, key: ArgKey, positive: bool = False) -> float:
+        """The argument as a number (above 0 when `positive`)."""
         value = self.get(key)
         if not is_number(value):
             raise self.fail(
                 f"{self.label(key)} must be a number, found {describe_value(value)}",
                 "write a number or a parameter holding one",
+                key,
+            )
+        if positive and not 0 < value < math.inf:
+            raise self.fail(
+                f"{self.label(key)} must be positive, found {describe_value(value)}",
+                "use a small positive number, e.g. 1e-5",
                 key,
             )
         return float(value)

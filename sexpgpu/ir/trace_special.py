@@ -24,6 +24,7 @@ form                               meaning
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -204,7 +205,31 @@ def initializer(tracer: Any, node: Syntax, env, scope, who: str = "param") -> In
                 f"initializers: {forms}",
             )
         args.append(float(value))
+    _check_init(kind, args, arg_nodes, forms)
     return Init(kind, tuple(args))
+
+
+def _check_init(kind: str, args: list[float], nodes: Sequence[Syntax], forms: str) -> None:
+    """E-TRACE-005 at the argument of an initializer that draws nothing sensible."""
+    for value, node in zip(args, nodes, strict=True):
+        if not math.isfinite(value):
+            problem = f"param: `{kind}` takes finite numbers, found {value}"
+            raise SexpgpuError("E-TRACE-005", problem, node.span, f"initializers: {forms}")
+    if kind == "normal" and args[0] < 0:
+        raise SexpgpuError(
+            "E-TRACE-005",
+            f"param: the standard deviation of `normal` is negative ({args[0]:g})",
+            nodes[0].span,
+            "write a standard deviation of 0 or more, e.g. (normal 0.02)",
+        )
+    if kind == "uniform" and not args[0] < args[1]:
+        raise SexpgpuError(
+            "E-TRACE-005",
+            f"param: `uniform` needs its low bound below its high one, found "
+            f"{args[0]:g} and {args[1]:g}",
+            nodes[1].span,
+            "write (uniform LOW HIGH), e.g. (uniform -0.1 0.1)",
+        )
 
 
 def unknown_function_hint(name: str, experiment: Experiment) -> str:

@@ -276,7 +276,12 @@ def _slice(cx: Call) -> Node:
     axis = cx.integer("axis")
     in_range = -x.ndim <= axis < x.ndim
     stop = cx.integer("to") if cx.get("to") is not None else x.shape[axis] if in_range else 0
-    return b.slice(x, axis, cx.integer("from"), stop, span=cx.span)
+    start = cx.integer("from")
+    if start == stop and in_range:  # refused here, not by whichever op meets the empty axis
+        raise cx.fail(
+            f"slice: :from {start} :to {stop} is empty", "make :to greater than :from", "to"
+        )
+    return b.slice(x, axis, start, stop, span=cx.span)
 
 
 @entry("concat", "(concat a b ... :axis 0)", (1, None), keywords={"axis": 0})

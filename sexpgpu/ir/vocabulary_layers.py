@@ -119,7 +119,8 @@ def _layernorm(cx: Call) -> Node:
     width = _features(cx, x)
     w = cx.param("weight", (width,), _ONES)
     bias = cx.param("bias", (width,), _ZEROS) if cx.boolean("bias") else None
-    y = b.layernorm(x, cx.number("eps"), span=cx.span)  # fused: the VJP recomputes the statistics
+    eps = cx.number("eps", positive=True)
+    y = b.layernorm(x, eps, span=cx.span)  # fused: the VJP recomputes the statistics
     y = b.mul(y, w, span=cx.span)
     return y if bias is None else b.add(y, bias, span=cx.span)
 
@@ -128,7 +129,7 @@ def _layernorm(cx: Call) -> Node:
 def _rmsnorm(cx: Call) -> Node:
     x = cx.tensor(0)
     w = cx.param("weight", (_features(cx, x),), _ONES)
-    return b.mul(_rms_normalize(x, cx.number("eps"), cx.span), w, span=cx.span)
+    return b.mul(_rms_normalize(x, cx.number("eps", positive=True), cx.span), w, span=cx.span)
 
 
 @entry(

@@ -57,9 +57,46 @@ def test_a_float_size_is_not_an_integer(tmp_path, capsys) -> None:
     status, _, err = check(tmp_path, capsys, "(linear x 1e300)")
     assert status == 1
     assert first_lines(err) == [
-        "error[E-TRACE-004]: argument 2 of linear must be an integer, found the number 1e+300",
-        "= hint: write a whole number or a parameter holding one",
+        "error[E-TRACE-004]: argument 2 of linear must be an integer, found the float 1e+300",
+        "= hint: write it without a decimal point; divide sizes with (// a b), not (/ a b)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("call", "token", "first"),
+    [
+        ("(linear x 4.0)", "4.0", "argument 2 of linear must be an integer, found the float 4.0"),
+        (
+            "(softmax x :axis 1.0)",
+            "1.0",
+            "`:axis` of softmax must be an integer, found the float 1.0",
+        ),
+        ("(layernorm x :eps 0)", "0", "`:eps` of layernorm must be positive, found the integer 0"),
+        (
+            "(rmsnorm x :eps -1e-5)",
+            "-1e-5",
+            "`:eps` of rmsnorm must be positive, found the number -1e-05",
+        ),
+        ("(slice x :from 2 :to 2)", "2", "slice: :from 2 :to 2 is empty"),
+        (
+            "(matmul x (param [64 3] :init (uniform 1 0)))",
+            "0",
+            "param: `uniform` needs its low bound below its high one, found 1 and 0",
+        ),
+        (
+            "(matmul x (param [64 3] :init (normal -1)))",
+            "-1",
+            "param: the standard deviation of `normal` is negative (-1)",
+        ),
+    ],
+)
+def test_a_bad_argument_is_refused_where_it_is_written(tmp_path, capsys, call, token, first):
+    status, _, err = check(tmp_path, capsys, call)
+    assert status == 1
+    assert err.splitlines()[0].split(": ", 1)[1] == first
+    line = DIGITS.splitlines()[1].format(body=call)
+    column = line.index(call) + call.rindex(token) + 1
+    assert err.splitlines()[1] == f" --> {tmp_path / 'e.lisp'}:2:{column}"
 
 
 def test_more_than_64_axes_is_refused_in_check(tmp_path, capsys) -> None:

@@ -139,7 +139,7 @@ def test_unknown_name_suggests_the_nearest() -> None:
         (
             "(linear x 2.5)",
             "",
-            "error[E-TRACE-004]: argument 2 of linear must be an integer, found the number 2.5",
+            "error[E-TRACE-004]: argument 2 of linear must be an integer, found the float 2.5",
         ),
         (
             "(softmax x :axis [0 1])",

@@ -112,7 +112,8 @@ class CompiledRun:
     target
         The data field that eval accuracy compares the output's argmax with:
         an integer field the model does not read whose shape is the output's
-        without its last axis; None when there is none.
+        without its last axis, and which a cross-entropy of the loss takes as
+        its targets; None when there is none.
     trainable
         Whether some parameter reaches the loss.
     rows
@@ -287,11 +288,28 @@ def _target_field(trace: Trace, model_inputs: tuple[str, ...]) -> str | None:
     output = trace.output
     if output is None or output.dtype not in FLOATS or len(output.shape) < 2:
         return None
+    classified = _classification_targets(trace.loss)
     for key, node in trace.inputs.items():
         fits = node.dtype is DType.INT32 and node.shape == output.shape[:-1]
-        if fits and key not in model_inputs:
+        if fits and key not in model_inputs and id(node) in classified:
             return key
     return None
+
+
+def _classification_targets(loss: Node) -> set[int]:
+    """The ids of the nodes that are a cross-entropy's targets in the loss (through reshapes).
+
+    Accuracy means something only for a classification loss: an ``mse`` on
+    data that happens to hold labels has none.
+    """
+    found = set()
+    for node in topological_order([loss]):
+        if node.op is Op.CROSS_ENTROPY:
+            targets = node.inputs[1]
+            while targets.op is Op.RESHAPE:
+                targets = targets.inputs[0]
+            found.add(id(targets))
+    return found
 
 
 def _rms(node: Node) -> Node:

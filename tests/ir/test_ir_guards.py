@@ -196,3 +196,19 @@ def test_a_defn_fan_out_stops_at_the_call_limit(tmp_path, capsys) -> None:
     )
     assert main(["check", str(path)]) == 1
     assert "E-TRACE-008" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("body", "loss", "target"),
+    [
+        ("(-> x (linear 16) relu (linear 10))", "(cross-entropy (m x) y)", "y"),
+        ("(-> x (linear 16) relu (linear 64))", "(mse (m x) x)", None),  # an autoencoder
+        ("(-> x (linear 16) relu (linear 10))", "(mean (m x))", None),
+    ],
+)
+def test_accuracy_only_where_the_loss_classifies(body, loss, target) -> None:
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment_text
+
+    experiment = load_experiment_text(DIGITS.format(body=body, loss=loss, extra=""))
+    assert compile_run(experiment, experiment.run()).target == target

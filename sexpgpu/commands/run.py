@@ -182,7 +182,7 @@ def main(args: argparse.Namespace) -> int:
         earlier = trainer.run_dir.with_name(trainer.run_name)
         print(
             f"run folder: {trainer.run_dir} ({earlier} holds an earlier run; "
-            f"--resume latest continues that one)",
+            "--resume latest continues the newest folder of this experiment's run)",
             flush=True,
         )
     if not trainer.devices[0].startswith("cpu"):

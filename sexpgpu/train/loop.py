@@ -210,8 +210,7 @@ class Trainer:
             if claim is not None:  # status.json ends at metrics.jsonl's last step
                 self._status(metrics, state=stopped, step=metrics.last_step, loss=metrics.last_loss)
             raise
-        finally:
-            metrics.close()
+        metrics.close()
         summary: RunSummary = results[0]
         if summary.interrupted and claim is not None:
             self._status(

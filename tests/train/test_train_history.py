@@ -4,11 +4,12 @@ import json
 import shutil
 
 import pytest
-from standin_program import Data, Mlp, Spec, on_cpu
+from standin_program import Mlp, defdata, on_cpu
 
 from sexpgpu.cli import main
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang import load_experiment_text
+from sexpgpu.lang.runs import optimizer_spec
 from sexpgpu.train.loop import Trainer
 from sexpgpu.train.metrics import SUPERSEDED, MetricsLog, read_metrics, read_series
 from sexpgpu.train.run_folder import claim_run_folder, claimed_folder
@@ -19,8 +20,8 @@ from sexpgpu.train.settings import (
     identity_hash,
 )
 
-DIGITS = Data("digits", "digits", options={"split": 0.9})
-SGD = Spec("sgd", {"lr": 0.1, "momentum": 0.0, "nesterov": False})
+DIGITS = defdata("digits", "(digits)")
+SGD = optimizer_spec("sgd", lr=0.1)
 CK = {"checkpoint_every": 2, "checkpoint_location": "checkpoints"}
 
 

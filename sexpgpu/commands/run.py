@@ -85,7 +85,8 @@ def _plain_progress(steps: int) -> Any:
             return
         line = (
             f"step {r.step}/{r.steps}  loss {r.loss:.4f}  lr {r.lr:.3g}  "
-            f"grad-norm {r.grad_norm:.3g}  {r.tokens_per_s:,.0f} tok/s  eta {duration(r.eta_s)}"
+            f"grad-norm {r.grad_norm:.3g}  {r.tokens_per_s:,.0f} {r.unit}/s  "
+            f"eta {duration(r.eta_s)}"
         )
         if r.eval_step == r.step:
             line += f"  eval {r.eval_loss:.4f}"
@@ -113,7 +114,7 @@ class _RichProgress:
         self.task = self.progress.add_task("train", total=steps, info="")
 
     def __call__(self, r: StepReport) -> None:
-        info = f"loss {r.loss:.4f}  {r.tokens_per_s:,.0f} tok/s"
+        info = f"loss {r.loss:.4f}  {r.tokens_per_s:,.0f} {r.unit}/s"
         if r.eval_loss is not None:
             info += f"  eval {r.eval_loss:.4f}"
         if r.eval_accuracy is not None:

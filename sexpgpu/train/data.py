@@ -373,6 +373,7 @@ class Loader(Protocol):
 
     fields: Mapping[str, tuple[tuple[int, ...], str]]
     items_per_microbatch: int
+    item_unit: str  # what items_per_microbatch counts, as progress lines write it: tok, samples
     position: int
 
     layout: str  # what was read: the files, token layouts, the eval source
@@ -462,6 +463,7 @@ class StreamLoader(_Base):
         shape = (self.batch, self.seq)
         self.fields = {"tokens": (shape, "int32"), "next": (shape, "int32")}
         self.items_per_microbatch = self.batch * self.seq
+        self.item_unit = "tok"
 
     def _windows(self, part: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
         raw = part[starts[:, None] + np.arange(self.seq + 1)]
@@ -521,12 +523,21 @@ class ArrayLoader(_Base):
                 data.where,
                 hint="use more samples or another :split",
             )
+        if len(self._train_rows) < self.batch:  # an epoch would repeat samples within a batch
+            raise SexpgpuError(
+                "E-DATA-002",
+                f"data set `{name}`: :split {data.split} of {count} samples in {data.where} "
+                f"leaves {len(self._train_rows)} to train, fewer than a batch of {self.batch}",
+                data.where,
+                hint=f"raise :split to {self.batch / count:.3g} or more, or lower :batch",
+            )
         self._arrays = data.fields
         self._epochs: dict[int, np.ndarray] = {}
         self.fields = {
             k: ((self.batch, *v.shape[1:]), str(v.dtype)) for k, v in data.fields.items()
         }
         self.items_per_microbatch = self.batch
+        self.item_unit = "samples"
         self.layout = data.where + ("" if held is None else f"; eval {held.where}")
 
     def _rows(self, rows: np.ndarray) -> dict[str, np.ndarray]:

@@ -336,6 +336,14 @@ class Trainer:
                 )
             ckpt = self._latest(self.location.where)
         else:
+            if "://" not in self.resume and not Path(self.resume).exists():
+                raise SexpgpuError(
+                    "E-CKPT-001",
+                    f"--resume {self.resume}: no such checkpoint folder or location",
+                    "--resume",
+                    hint="name an existing step-N folder or checkpoint location, or give "
+                    "--resume latest to continue the run's own",
+                )
             ckpt = self._load(self.resume)
         self._check_identity(ckpt)
         state = ckpt.state

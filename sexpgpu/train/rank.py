@@ -183,6 +183,12 @@ class RankLoop:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> RunSummary:
+        # A diverging run overflows in NumPy's arithmetic before its loss is NaN:
+        # E-TRAIN-002 reports it, at the step it shows, without NumPy's warnings first.
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._steps()
+
+    def _steps(self) -> RunSummary:
         s = self.s
         if self.lead:
             self._annotate_start()
@@ -395,6 +401,7 @@ class RankLoop:
             eval_loss=self.last["eval_loss"],
             eval_accuracy=self.last["eval_accuracy"],
             eval_step=self.last["eval_step"],
+            unit=self.loader.item_unit,
         )
 
     def _peak_line(self) -> str | None:

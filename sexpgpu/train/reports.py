@@ -24,6 +24,7 @@ class StepReport:
     eval_loss: float | None = None  # the latest evaluation's, if any
     eval_accuracy: float | None = None
     eval_step: int | None = None  # the step of the latest evaluation
+    unit: str = "tok"  # what tokens_per_s counts: tok (streams) or samples (arrays)
 
 
 @dataclass

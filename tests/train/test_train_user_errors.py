@@ -347,3 +347,44 @@ def test_steps_on_the_command_line_has_the_file_s_bounds(tmp_path, capsys, steps
     assert main(["run", str(_file(tmp_path)), "--out", str(tmp_path / "r"), "--steps", steps]) == 1
     err = _error(capsys)
     assert "error[E-CLI-001]" in err and f"--steps {steps} {said}" in err
+
+
+def test_a_split_leaving_less_than_a_batch_is_e_data_002(tmp_path, capsys):
+    path = _file(tmp_path)
+    path.write_text(path.read_text().replace(":split 0.9", ":split 0.0005", 1))
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    err = _error(capsys)
+    assert "error[E-DATA-002]" in err and "leaves 1 to train, fewer than a batch of 8" in err
+
+
+def test_arrays_report_samples_per_second(tmp_path, capsys):
+    assert main(["run", str(_file(tmp_path)), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert " samples/s " in out and "tok/s" not in out
+
+
+def test_a_diverging_run_leaks_no_numpy_warning(tmp_path, capsys):
+    import warnings
+
+    path = _file(tmp_path, "(-> x (linear 64) (linear 64) (linear 10))", steps=30)
+    path.write_text(path.read_text().replace("(sgd :lr 0.1)", "(adamw :lr 1e9)"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would fail the run
+        assert main(["run", str(path), "--out", str(tmp_path / "run")]) in (0, 1)
+    err = _error(capsys)
+    assert "Warning" not in err and "internal error" not in err
+
+
+def test_resume_of_a_path_that_does_not_exist_says_so(tmp_path, capsys):
+    again = ["run", str(_file(tmp_path)), "--out", str(tmp_path / "run")]
+    assert main([*again, "--resume", str(tmp_path / "nope" / "step-3")]) == 1
+    err = _error(capsys)
+    assert f"error[E-CKPT-001]: --resume {tmp_path}/nope/step-3: no such checkpoint" in err
+
+
+def test_the_license_is_an_spdx_string():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    assert tomllib.loads(pyproject.read_text())["project"]["license"] == "Apache-2.0"

@@ -19,6 +19,7 @@ takes the newest complete one before it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -136,7 +137,7 @@ class Location:
         # fsspec's backends raise their own errors (botocore's NoCredentialsError, say):
         # any failure there is the location's; locally only an OSError is.
         if self.remote or isinstance(err, OSError):
-            return _unusable(self.where, err)
+            return _unusable(self.where, err, self.remote)
         return err
 
     def _write_remote(self, final: str, files: Mapping[str, bytes]) -> None:
@@ -185,12 +186,15 @@ def _filesystem(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
         ) from None
 
 
-def _unusable(where: str, err: Exception) -> SexpgpuError:
+def _unusable(where: str, err: Exception, remote: bool = True) -> SexpgpuError:
+    if not remote and getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+        hint = "the disk is full: free space there, or point :checkpoint at a larger disk"
+    elif not remote:
+        hint = "check that the folder exists or can be made, and that you may write there"
+    else:
+        hint = "check the bucket, its permissions, and the endpoint variables"
     return SexpgpuError(
-        "E-CKPT-004",
-        f"checkpoint location {where} cannot be used: {err}",
-        where,
-        hint="check the path or bucket, its permissions, and the endpoint variables",
+        "E-CKPT-004", f"checkpoint location {where} cannot be used: {err}", where, hint=hint
     )
 
 

@@ -155,3 +155,18 @@ def test_a_run_checkpoints_to_s3_and_resumes_from_it(s3_endpoint, tmp_path):
     for k in whole.params:
         assert np.array_equal(whole.params[k], resumed.params[k])
     assert Location("s3://sexpgpu-ckpt/run", options).steps() == [6, 3]
+
+
+def test_a_full_local_disk_says_so_not_buckets(tmp_path, monkeypatch):
+    import errno
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SexpgpuError) as info:
+        save_checkpoint(Location(tmp_path / "ck"), Checkpoint(1, {}, {}, {"x": 1}))
+    assert info.value.code == "E-CKPT-004"
+    assert info.value.hint.startswith("the disk is full: free space there")
+    assert "bucket" not in info.value.hint
+    assert not any((tmp_path / "ck").iterdir())  # no half folder left taking the space

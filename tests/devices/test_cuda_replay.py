@@ -97,7 +97,9 @@ def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monke
     runs, notes = {}, {}
     for name in ("replayed", "plain"):
         if name == "plain":
-            monkeypatch.setattr(Replay, "__call__", lambda self, key, queue: queue())
+            monkeypatch.setattr(
+                Replay, "__call__", lambda self, key, queue, plain=None: (plain or queue)()
+            )
         with device_named("cpu", CudaDevice("cuda")):
             prepare_run(path, out=tmp_path / name).run()
         values = read_series(tmp_path / name, "train/loss")

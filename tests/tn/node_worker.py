@@ -15,11 +15,10 @@ import sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
-from tn_helpers import random_mpo, random_mps
+from tn_helpers import random_mpo, random_mps, wrapped_seams
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.tn import Resources, src
-from sexpgpu.tn.api import run_stack
 
 
 def problem(case: str) -> tuple[list, dict]:
@@ -45,26 +44,12 @@ def problem(case: str) -> tuple[list, dict]:
 
 
 def solve(trains: list, kw: dict) -> list:
-    """`src` of a case (through `run_stack` where it picks the backend)."""
+    """`src` of a case (the torch case through the seam that picks the backend)."""
     kw = dict(kw)
-    backend = kw.pop("backend", None)
-    if backend is None:
+    if kw.pop("backend", None) is None:
         return src(*trains, **kw)
-    names = [f"trains[{i}]" for i in range(len(trains))]
-    resources = kw.pop("resources", None)
-    return run_stack(
-        "src",
-        trains,
-        names,
-        kw["chi_out"],
-        0.0,
-        1.0,
-        None,
-        kw["seed"],
-        "cpu",
-        resources,
-        backend=backend,
-    )
+    with wrapped_seams(backend="torch"):
+        return src(*trains, **kw)
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ from sexpgpu.commands.options import (
     add_device_option,
     add_experiment_options,
     add_resume_option,
+    load_trained_from,
 )
 
 __all__ = ["DESCRIPTION", "EPILOG", "add_arguments", "main"]
@@ -41,16 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Print the evaluation, then the same as one JSON line."""
     from sexpgpu.train.evaluate import evaluate_trained
-    from sexpgpu.train.trained import load_trained
 
-    trained = load_trained(
-        args.file,
-        resume=args.resume,
-        variant=args.variant,
-        sets=args.sets,
-        run=args.run,
-        out=args.out,
-    )
+    trained = load_trained_from(args, args.resume)
     result = evaluate_trained(trained, data=args.data, batches=args.batches, device=args.device)
     data = args.data or trained.run.data
     step = trained.checkpoint.step

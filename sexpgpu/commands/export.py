@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from sexpgpu.commands.options import add_experiment_options, add_resume_option
+from sexpgpu.commands.options import add_experiment_options, add_resume_option, load_trained_from
 from sexpgpu.errors import SexpgpuError
 
 __all__ = ["DESCRIPTION", "EPILOG", "FORMATS", "add_arguments", "main"]
@@ -46,7 +46,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Write the folder and say which architecture it holds."""
     from sexpgpu.train.hf import export_hf
-    from sexpgpu.train.trained import load_trained
 
     kind, folder = args.to
     if kind not in FORMATS:
@@ -56,14 +55,7 @@ def main(args: argparse.Namespace) -> int:
             "--to",
             hint=f"formats: {', '.join(FORMATS)} (a Hugging Face transformers folder)",
         )
-    trained = load_trained(
-        args.file,
-        resume=args.resume,
-        variant=args.variant,
-        sets=args.sets,
-        run=args.run,
-        out=args.out,
-    )
+    trained = load_trained_from(args, args.resume)
     arch, out = export_hf(trained, folder)
     step = trained.checkpoint.step
     print(f"wrote {out} ({arch}, step {step} of {trained.checkpoint.where})")

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from sexpgpu.runtime.devices import DEVICE_KINDS
 
-__all__ = ["add_device_option", "add_experiment_options", "add_resume_option"]
+__all__ = ["add_device_option", "add_experiment_options", "add_resume_option", "load_trained_from"]
 
 
 def add_experiment_options(parser: argparse.ArgumentParser, run_help: str) -> None:
@@ -31,6 +32,24 @@ def add_resume_option(parser: argparse.ArgumentParser, *, required: bool) -> Non
         metavar="latest|PATH",
         required=required,
         help="the newest complete checkpoint of the run folder (latest), or a step-N folder",
+    )
+
+
+def load_trained_from(args: argparse.Namespace, resume: str) -> Any:
+    """The trained model of FILE, ``--variant``, ``--set``, ``--run`` and ``--out``.
+
+    With the parameters of the checkpoint `resume` names
+    (`sexpgpu.train.trained.load_trained`).
+    """
+    from sexpgpu.train.trained import load_trained
+
+    return load_trained(
+        args.file,
+        resume=resume,
+        variant=args.variant,
+        sets=args.sets,
+        run=args.run,
+        out=args.out,
     )
 
 

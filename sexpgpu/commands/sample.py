@@ -10,6 +10,7 @@ from sexpgpu.commands.options import (
     add_device_option,
     add_experiment_options,
     add_resume_option,
+    load_trained_from,
 )
 from sexpgpu.errors import SexpgpuError
 
@@ -68,17 +69,9 @@ def main(args: argparse.Namespace) -> int:
     from sexpgpu.ir.compile import output_graph
     from sexpgpu.runtime.config import RuntimeConfig
     from sexpgpu.train.sampling import BYTE_SOURCES, Sampler, Vocabulary, check_samplable
-    from sexpgpu.train.trained import load_trained
 
     _check_options(args)
-    trained = load_trained(
-        args.file,
-        resume=args.resume or "latest",
-        variant=args.variant,
-        sets=args.sets,
-        run=args.run,
-        out=args.out,
-    )
+    trained = load_trained_from(args, args.resume or "latest")
     data = trained.experiment.data[trained.run.data]
     if data.kind not in (*BYTE_SOURCES, "tokens"):
         raise SexpgpuError(

@@ -124,7 +124,16 @@ class SummingGraphs:
         sums: Sums | None,
         parts: int,
     ) -> Sums:
-        return add_sums(sums, in_pieces(self, params, [batch], parts))
+        # Microbatches held for a stacked call are computed now, in pieces too;
+        # released only once that succeeds, so a retry starts over.
+        held = self.held_batches()
+        sums = add_sums(sums, in_pieces(self, params, [*held, batch], parts))
+        held.clear()
+        return sums
+
+    def held_batches(self) -> list[Mapping[str, np.ndarray]]:
+        """The microbatches `accumulate` holds for a later call (none here)."""
+        return []
 
 
 def in_pieces(

@@ -32,7 +32,7 @@ from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
 from .trains import Stack, normalize_stack, unpad
 
-__all__ = ["StackCall", "apply", "compress", "run_stack", "src"]
+__all__ = ["StackCall", "StackOptions", "apply", "compress", "run_stack", "src"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,25 +41,35 @@ MIN_SWEEP_SITES = 3
 
 
 @dataclass(frozen=True)
-class StackCall:
-    """One call of `src`, `apply`, `compress` or `compress_network`, as its caller wrote it.
+class StackOptions:
+    """The keyword arguments `src`, `apply`, `compress` and `compress_network` share.
 
-    `fn` names the public function (for messages), `names` each train (in
-    messages, ``trains[0]`` or ``left_tensor``); the other fields are the
-    public arguments of the same names, not yet checked (`run_stack` checks them).
+    As their caller wrote them, not yet checked (`run_stack` checks them).
     """
 
-    fn: str
-    trains: Sequence[Any]
-    names: Sequence[str]
-    chi_out: object
     cutoff: object
     oversample: object
     dtype: DTypeLike | None
     seed: object
     device: object
     resources: object
-    out: object
+    out: object = None
+
+
+@dataclass(frozen=True)
+class StackCall:
+    """One call of `src`, `apply`, `compress` or `compress_network`, as its caller wrote it.
+
+    `fn` names the public function (for messages), `names` each train (in
+    messages, ``trains[0]`` or ``left_tensor``); `chi_out` and `options` are
+    the public arguments, not yet checked (`run_stack` checks them).
+    """
+
+    fn: str
+    trains: Sequence[Any]
+    names: Sequence[str]
+    chi_out: object
+    options: StackOptions
 
 
 def run_stack(call: StackCall) -> Any:
@@ -67,14 +77,15 @@ def run_stack(call: StackCall) -> Any:
 
     The engine behind `src`, `apply`, `compress` and `compress_network`.
     """
-    fn, seed, out = call.fn, call.seed, call.out
+    fn, options = call.fn, call.options
+    seed, out = options.seed, options.out
     chi = check_chi_out(fn, call.chi_out)
-    cut = check_cutoff(fn, call.cutoff)
-    size = sketch_size(fn, chi, call.oversample)
+    cut = check_cutoff(fn, options.cutoff)
+    size = sketch_size(fn, chi, options.oversample)
     check_seed(fn, seed)
     opened = open_trains(call.trains, fn, call.names)
-    where = check_device(fn, call.device, opened.on_gpu)
-    res = check_resources(fn, call.resources) or Resources()
+    where = check_device(fn, options.device, opened.on_gpu)
+    res = check_resources(fn, options.resources) or Resources()
     check_out(fn, out)
     backends = backends_for(fn, where, res)
     config = node_config(res, where, [xp.device.index for xp in backends])
@@ -82,7 +93,7 @@ def run_stack(call: StackCall) -> Any:
     # others stop at once instead of waiting for it.
     with open_nodes(fn, config) as link:
         stack: Stack = normalize_stack(opened.trains, fn, call.names)
-        sketch = sketch_dtype(call.dtype, stack.dtype, fn)
+        sketch = sketch_dtype(options.dtype, stack.dtype, fn)
         work = work_dtype(sketch, stack.dtype)
         problem = {
             "function": fn,
@@ -251,13 +262,7 @@ def src(
         trains,
         names,
         chi_out,
-        cutoff=cutoff,
-        oversample=oversample,
-        dtype=dtype,
-        seed=seed,
-        device=device,
-        resources=resources,
-        out=out,
+        StackOptions(cutoff, oversample, dtype, seed, device, resources, out),
     )
     return run_stack(call)
 
@@ -317,13 +322,7 @@ def apply(
         (left_tensor, right_tensor),
         ("left_tensor", "right_tensor"),
         chi_out,
-        cutoff=cutoff,
-        oversample=oversample,
-        dtype=dtype,
-        seed=seed,
-        device=device,
-        resources=resources,
-        out=out,
+        StackOptions(cutoff, oversample, dtype, seed, device, resources, out),
     )
     return run_stack(call)
 
@@ -369,13 +368,7 @@ def compress(
         (tensor,),
         ("tensor",),
         chi_out,
-        cutoff=cutoff,
-        oversample=oversample,
-        dtype=dtype,
-        seed=seed,
-        device=device,
-        resources=resources,
-        out=out,
+        StackOptions(cutoff, oversample, dtype, seed, device, resources, out),
     )
     return run_stack(call)
 

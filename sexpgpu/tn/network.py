@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .api import StackCall, run_stack
+from .api import StackCall, StackOptions, run_stack
 from .interop import QuimbTrain, build_quimb, site_data
 from .resources import Resources
 
@@ -89,13 +89,7 @@ def compress_network(
         layers,
         names,
         chi_out,
-        cutoff=cutoff,
-        oversample=oversample,
-        dtype=dtype,
-        seed=seed,
-        device=device,
-        resources=resources,
-        out=None,
+        StackOptions(cutoff, oversample, dtype, seed, device, resources),
     )
     cores = run_stack(call)
     result = build_quimb(cores, keep.kind, keep, keep)

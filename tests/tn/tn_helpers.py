@@ -185,7 +185,7 @@ def run_src(
     out=None,
 ):
     """`src` through its engine, on the arrays `backend` names and under `inject`'s failures."""
-    from sexpgpu.tn.api import StackCall, run_stack
+    from sexpgpu.tn.api import StackCall, StackOptions, run_stack
 
     names = [f"trains[{i}]" for i in range(len(stack))]
     call = StackCall(
@@ -193,13 +193,7 @@ def run_src(
         stack,
         names,
         chi,
-        cutoff=cutoff,
-        oversample=oversample,
-        dtype=None,
-        seed=seed,
-        device=device,
-        resources=resources,
-        out=out,
+        StackOptions(cutoff, oversample, None, seed, device, resources, out),
     )
     with wrapped_seams(backend, inject):
         return run_stack(call)

@@ -18,7 +18,7 @@ import torch
 
 from sexpgpu.devices.cuda.executor import TorchGraph
 from sexpgpu.devices.cuda.param_copies import ParamCopies
-from sexpgpu.devices.state import SummingGraphs, Sums, add_sums, in_pieces
+from sexpgpu.devices.state import SummingGraphs, Sums
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun
 from sexpgpu.runtime.devices import Device as DeviceId
 from sexpgpu.runtime.memory import PeakTracker
@@ -113,18 +113,8 @@ class TorchGraphs(SummingGraphs):
             )
         return self._pieces[parts]
 
-    def accumulate_pieces(
-        self,
-        params: Mapping[str, Any],
-        batch: Mapping[str, np.ndarray],
-        sums: Sums | None,
-        parts: int,
-    ) -> Sums:
-        # Microbatches held for a stacked call are computed now, in pieces too.
-        batches = [*self._pending, batch]
-        sums = add_sums(sums, in_pieces(self, params, batches, parts))
-        self._pending = []
-        return sums
+    def held_batches(self) -> list[Mapping[str, np.ndarray]]:
+        return self._pending
 
     def _zeroed(self) -> Sums:
         """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them).

@@ -139,19 +139,33 @@ def _gpt2_entries(m: str, s: Sizes) -> list[Entry]:
     return out
 
 
-def _gpt2_sizes(facts: ModelFacts, shapes: Shapes) -> Sizes | str:
+def _matrices(
+    facts: ModelFacts, shapes: Shapes, embed: str, names: tuple[str, str, str]
+) -> tuple[int, int, int] | str:
+    """``(vocab, width, ffn)`` read off the token embedding `embed` and the first linear weight.
+
+    Or what is missing: `names` are the embedding's name in the family, the
+    weight's kind and its name in the family.
+    """
     m = facts.model
-    wte, ffn = shapes.get(f"{m}/wte"), shapes.get(f"{m}/block.0/linear/weight")
+    wte, ffn = shapes.get(f"{m}/{embed}"), shapes.get(f"{m}/block.0/linear/weight")
     if wte is None or len(wte) != 2:
-        return f"no token embedding `{m}/wte` [vocab width] (GPT-2's wte)"
+        return f"no token embedding `{m}/{embed}` [vocab width] ({names[0]})"
     if ffn is None or len(ffn) != 2:
-        return f"no feed-forward layer `{m}/block.0/linear/weight` (GPT-2's c_fc)"
+        return f"no {names[1]} `{m}/block.0/linear/weight` ({names[2]})"
     if not facts.attentions:
         return "no attention"
+    return wte[0], wte[1], ffn[1]
+
+
+def _gpt2_sizes(facts: ModelFacts, shapes: Shapes) -> Sizes | str:
+    found = _matrices(facts, shapes, "wte", ("GPT-2's wte", "feed-forward layer", "GPT-2's c_fc"))
+    if isinstance(found, str):
+        return found
+    vocab, width, ffn = found
     heads = facts.attentions[0][0]
     eps = next(iter(facts.layernorm_eps), 1e-5)
-    vocab, width = wte
-    return Sizes(_blocks(shapes, m), width, heads, heads, vocab, facts.seq, ffn[1], eps)
+    return Sizes(_blocks(shapes, facts.model), width, heads, heads, vocab, facts.seq, ffn, eps)
 
 
 def _gpt2_config(s: Sizes) -> dict[str, Any]:
@@ -206,18 +220,14 @@ def _llama_entries(m: str, s: Sizes) -> list[Entry]:
 
 
 def _llama_sizes(facts: ModelFacts, shapes: Shapes) -> Sizes | str:
-    m = facts.model
-    embed, ffn = shapes.get(f"{m}/embed/weight"), shapes.get(f"{m}/block.0/linear/weight")
-    if embed is None or len(embed) != 2:
-        return f"no token embedding `{m}/embed/weight` [vocab width] (Llama's embed_tokens)"
-    if ffn is None or len(ffn) != 2:
-        return f"no gate projection `{m}/block.0/linear/weight` (Llama's gate_proj)"
-    if not facts.attentions:
-        return "no attention"
+    names = ("Llama's embed_tokens", "gate projection", "Llama's gate_proj")
+    found = _matrices(facts, shapes, "embed/weight", names)
+    if isinstance(found, str):
+        return found
+    vocab, width, ffn = found
     heads, kv, _, _ = facts.attentions[0]
     base = next(iter(facts.rope_bases), 10000.0)
-    vocab, width = embed
-    return Sizes(_blocks(shapes, m), width, heads, kv, vocab, facts.seq, ffn[1], 1e-5, base)
+    return Sizes(_blocks(shapes, facts.model), width, heads, kv, vocab, facts.seq, ffn, 1e-5, base)
 
 
 def _llama_config(s: Sizes) -> dict[str, Any]:

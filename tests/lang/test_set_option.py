@@ -40,13 +40,12 @@ def test_set_misuse_is_refused_with_a_code(sets, code, message):
     assert err.value.code.startswith(code) and message in err.value.message
 
 
-def test_set_changes_the_experiment_hash_only_when_given(tmp_path):
-    path = tmp_path / "e.lisp"
-    path.write_text(TEXT)
-    plain = experiment_hash(load_experiment(path), "r")
-    assert experiment_hash(load_experiment(path, sets=[]), "r") == plain
-    other = experiment_hash(load_experiment(path, sets=["lr=0.5"]), "r")
-    assert other != plain != experiment_hash(load_experiment(path, sets=["lr=0.25"]), "r")
+def test_set_changes_the_experiment_hash_only_when_given():
+    path = "examples/mlp.lisp"
+    plain = experiment_hash(load_experiment(path), "train")
+    assert experiment_hash(load_experiment(path, sets=[]), "train") == plain
+    other = experiment_hash(load_experiment(path, sets=["hidden=32"]), "train")
+    assert other != plain != experiment_hash(load_experiment(path, sets=["hidden=64"]), "train")
 
 
 def test_check_and_explain_take_set(capsys):

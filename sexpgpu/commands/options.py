@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from sexpgpu.runtime.devices import DEVICE_KINDS
@@ -39,11 +40,13 @@ def load_trained_from(args: argparse.Namespace, resume: str) -> Any:
     """The trained model of FILE, ``--variant``, ``--set``, ``--run`` and ``--out``.
 
     With the parameters of the checkpoint `resume` names
-    (`sexpgpu.train.trained.load_trained`).
+    (`sexpgpu.train.trained.load_trained`); says on stderr which run folder
+    ``latest`` took when it is not ``runs/RUN-NAME``.
     """
+    from sexpgpu.train.resume import claimed_note
     from sexpgpu.train.trained import load_trained
 
-    return load_trained(
+    trained = load_trained(
         args.file,
         resume=resume,
         variant=args.variant,
@@ -51,6 +54,10 @@ def load_trained_from(args: argparse.Namespace, resume: str) -> Any:
         run=args.run,
         out=args.out,
     )
+    note = claimed_note(trained.folder, trained.run.name, args.out, resume)
+    if note is not None:
+        print(note, file=sys.stderr)  # stdout is the command's result
+    return trained
 
 
 def add_device_option(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from sexpgpu.commands.options import add_experiment_options
 from sexpgpu.lang.runs import LOGGERS
 from sexpgpu.runtime.devices import DEVICE_KINDS
 from sexpgpu.train.loop import StepReport
+from sexpgpu.train.resume import claimed_note
 from sexpgpu.train.runner import prepare_run
 
 __all__ = ["add_arguments", "duration", "main"]
@@ -188,8 +189,9 @@ def main(args: argparse.Namespace) -> int:
         )
     if not trainer.devices[0].startswith("cpu"):
         print("\n".join(trainer.report), flush=True)  # the lowering report
-    if args.out is None and args.resume is not None and trainer.run_dir.name != trainer.run_name:
-        print(f"run folder: {trainer.run_dir} (the newest this experiment's run claimed)")
+    note = claimed_note(trainer.run_dir, trainer.run_name, args.out, args.resume)
+    if note is not None:
+        print(note)
     handler = _StopHandler(trainer)
     try:
         with _stop_on_signals(handler):

@@ -44,8 +44,9 @@ from sexpgpu.train.loggers import MirroredLog, open_loggers
 from sexpgpu.train.metrics import MetricsLog, write_status
 from sexpgpu.train.rank import RankLoop, RunContext, carry_key, params_digest
 from sexpgpu.train.reports import RunSummary, StepReport
-from sexpgpu.train.run_folder import RECORD, RunClaim, claim_run_folder, read_parent
-from sexpgpu.train.settings import RunSettings, changed_sets, first_difference
+from sexpgpu.train.resume import check_identity, find_resume
+from sexpgpu.train.run_folder import RECORD, RunClaim, claim_run_folder
+from sexpgpu.train.settings import RunSettings
 from sexpgpu.train.trained import checkpoint_folder
 
 __all__ = ["RunSummary", "StepReport", "Trainer"]
@@ -295,57 +296,13 @@ class Trainer:
             where, self.storage_options, expect=self.param_shapes, complete=True, **filters
         )
 
-    def _latest(self, where: str) -> Checkpoint:
-        """The newest sound checkpoint of this experiment in the run's location.
-
-        A branch with no checkpoint of its own yet takes its parent's (``run.json``).
-        When this experiment has none, the newest of any is returned, so that
-        `_check_identity` says whose it is (E-CKPT-003).
-        """
-        try:
-            newest = self._load(where)
-        except SexpgpuError as err:
-            parent = self._recorded_parent() if err.code == "E-CKPT-001" else None
-            if parent is None:
-                raise
-            return self._load(parent)
-        if newest.state.get("experiment_hash") == self.hash:
-            return newest
-        try:
-            return self._load(where, experiment_hash=self.hash)
-        except SexpgpuError as err:
-            if err.code != "E-CKPT-001":
-                raise
-            return newest
-
-    def _recorded_parent(self) -> str | None:
-        parent = read_parent(self.run_dir)
-        return None if parent is None else parent["checkpoint"]
-
     def _load_resume(self) -> Checkpoint | None:
         self._parent: dict[str, Any] | None = None
         if self.resume is None:
             return None
-        if self.resume == "latest":
-            if self.location is None:
-                raise SexpgpuError(
-                    "E-CKPT-001",
-                    "--resume latest, but the run has no :checkpoint location",
-                    "--resume",
-                    hint='add :checkpoint (every N "checkpoints") or name a folder: --resume PATH',
-                )
-            ckpt = self._latest(self.location.where)
-        else:
-            if "://" not in self.resume and not Path(self.resume).exists():
-                raise SexpgpuError(
-                    "E-CKPT-001",
-                    f"--resume {self.resume}: no such checkpoint folder or location",
-                    "--resume",
-                    hint="name an existing step-N folder or checkpoint location, or give "
-                    "--resume latest to continue the run's own",
-                )
-            ckpt = self._load(self.resume)
-        self._check_identity(ckpt)
+        location = None if self.location is None else self.location.where
+        ckpt = find_resume(self.resume, location, self.run_dir, self.hash, self._load)
+        check_identity(ckpt, self.hash, self.identity, self.sets)
         state = ckpt.state
         here = (len(self.devices), self.runtime.nodes)
         if (state["devices"], state["nodes"]) != here:
@@ -371,33 +328,6 @@ class Trainer:
             shown = str(Path(ckpt.where).relative_to(self.run_dir))
         self.announce(f"resumed from {shown} (step {ckpt.step} of {self.settings.steps})")
         return ckpt
-
-    def _check_identity(self, ckpt: Checkpoint) -> None:
-        """E-CKPT-003 when the checkpoint is of another experiment, naming the first setting."""
-        state = ckpt.state
-        if state.get("experiment_hash") == self.hash:
-            return
-        theirs = state.get("experiment")
-        known = isinstance(theirs, dict) and self.identity
-        key = first_difference(self.identity, theirs) if known else None
-        if key is not None:
-            what = (
-                f"`{key}` differs: {_shown(theirs.get(key))} in the checkpoint, "
-                f"{_shown(self.identity.get(key))} here"
-            )
-        else:
-            what = (
-                f"it was written by experiment {str(state.get('experiment_hash'))[:12]}, "
-                f"this is {self.hash[:12]}"
-            )
-        raise SexpgpuError(
-            "E-CKPT-003",
-            f"checkpoint {ckpt.where} is of another experiment: {what}",
-            ckpt.where,
-            hint=changed_sets(state.get("sets"), self.sets)
-            or "resume with the same settings (comments, layout and other variants do not "
-            "matter); change only --steps to extend a run, or start a new run with --out",
-        )
 
     def _check_history(self, ckpt: Checkpoint) -> None:
         """E-CKPT-006 when training on from `ckpt` would rewrite the run's history.
@@ -480,10 +410,6 @@ def _run_folder_of(where: str) -> str | None:
         if (folder / RECORD).is_file():
             return str(folder)
     return None
-
-
-def _shown(text: str | None) -> str:
-    return "nothing" if text is None else (text if len(text) <= 60 else text[:57] + "...")
 
 
 class _Silent:

@@ -10,6 +10,7 @@ from typing import Any
 
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.loop import RunSummary, StepReport, Trainer
+from sexpgpu.train.resume import run_folder
 from sexpgpu.train.settings import (
     RunSettings,
     experiment_identity,
@@ -32,29 +33,6 @@ def _check_trainable(compiled: Any, rundef: Any) -> None:
             rundef.loss.span,
             hint="compute the loss from the model's output, e.g. (cross-entropy (model x) y)",
         )
-
-
-def _run_dir(out: str | Path | None, name: str, resume: str | None, identity_hash: str) -> Path:
-    """``--out``, else ``runs/RUN-NAME`` or ``runs/RUN-NAME-N``.
-
-    A fresh run takes the first free one; a resume the newest this
-    experiment's run claimed (a fresh run may have been given ``runs/train-3``).
-    """
-    from sexpgpu.train.run_folder import claimed_folder, free_run_folder
-
-    if out is not None:
-        if not str(out).strip():
-            raise SexpgpuError(
-                "E-CLI-001",
-                "--out is empty",
-                "--out",
-                hint="name the run directory, e.g. --out runs/try-1 (or leave --out out)",
-            )
-        return Path(out)
-    base = Path("runs") / name
-    if resume is None:
-        return free_run_folder(base)
-    return claimed_folder(base, identity_hash, name) or base
 
 
 def prepare_run(
@@ -154,7 +132,7 @@ def prepare_run(
         make_program,
         experiment.data[rundef.data],
         settings,
-        _run_dir(out, rundef.name, resume, identity_hash(identity)),
+        run_folder(out, rundef.name, resume, identity_hash(identity)),
         experiment_hash=identity_hash(identity),
         identity=identity,
         devices=devices,

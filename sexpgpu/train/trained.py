@@ -1,10 +1,11 @@
 """A trained model: an experiment with the parameters of one of its checkpoints.
 
-What ``sample``, ``eval`` and ``export`` start from. ``--resume latest`` is
-the newest complete checkpoint of this experiment in the run folder
-(``--out``, default ``runs/RUN-NAME``), as a resumed run takes it; a PATH is a
-``step-N`` folder. Either must have been written by the same resolved
-experiment (file, variant, ``--set`` values and run): E-CKPT-003 otherwise.
+What ``sample``, ``eval`` and ``export`` start from. ``--resume latest|PATH``
+names the checkpoint as for a resumed run (`sexpgpu.train.resume`): the
+newest of this experiment in the run folder (``--out``, else the newest
+``runs/RUN-NAME[-N]`` this experiment's run claimed), or a ``step-N`` folder.
+Either must have been written by the same resolved experiment (file,
+variant, ``--set`` values and run): E-CKPT-003 otherwise.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from sexpgpu.errors import SexpgpuError
 from sexpgpu.train.checkpoint import Checkpoint, load_checkpoint
-from sexpgpu.train.settings import RunSettings, changed_sets, experiment_hash
+from sexpgpu.train.resume import check_identity, find_resume, run_folder
+from sexpgpu.train.settings import RunSettings, experiment_identity, identity_hash
 
 __all__ = ["Trained", "checkpoint_folder", "load_trained"]
 
@@ -37,6 +38,8 @@ class Trained:
         The run's settings.
     checkpoint
         The checkpoint loaded (parameters float32 on the host).
+    folder
+        The run folder ``--resume latest`` looked in.
     """
 
     experiment: Any
@@ -44,6 +47,7 @@ class Trained:
     compiled: Any
     settings: RunSettings
     checkpoint: Checkpoint
+    folder: Path
 
     @property
     def params(self) -> dict[str, np.ndarray]:
@@ -82,7 +86,8 @@ def load_trained(
     variant, sets, run
         ``--variant``, ``--set`` and ``--run``, as the run was trained.
     out
-        The run folder ``latest`` looks in (default ``runs/RUN-NAME``).
+        The run folder ``latest`` looks in (default: the newest
+        ``runs/RUN-NAME[-N]`` this experiment's run claimed).
     storage_options
         fsspec options for remote checkpoint locations.
 
@@ -100,39 +105,14 @@ def load_trained(
     rundef = experiment.run(run)
     settings = RunSettings.from_run(rundef)
     compiled = compile_run(experiment, rundef)
-    mine = experiment_hash(experiment, rundef.name)
+    identity = experiment_identity(experiment, rundef.name)
+    mine = identity_hash(identity)
     shapes = {key: info.shape for key, info in compiled.params.items()}
-    if resume == "latest":
-        run_dir = Path(out) if out is not None else Path("runs") / rundef.name
-        where = checkpoint_folder(run_dir, settings)
-        if where is None:
-            raise SexpgpuError(
-                "E-CKPT-001",
-                f"--resume latest, but run `{rundef.name}` has no :checkpoint location",
-                "--resume",
-                hint="name a checkpoint folder: --resume runs/NAME/checkpoints/step-N",
-            )
-        try:
-            ckpt = load_checkpoint(
-                where, storage_options, experiment_hash=mine, expect=shapes, complete=True
-            )
-        except SexpgpuError as err:
-            if err.code != "E-CKPT-001":
-                raise
-            # None of this experiment's: the newest of another says what differs (E-CKPT-003).
-            try:
-                ckpt = load_checkpoint(where, storage_options, expect=shapes, complete=True)
-            except SexpgpuError:
-                raise err from None
-    else:
-        ckpt = load_checkpoint(resume, storage_options, expect=shapes, complete=True)
-    if ckpt.state.get("experiment_hash") != mine:
-        raise SexpgpuError(
-            "E-CKPT-003",
-            f"checkpoint {ckpt.where} was written by experiment "
-            f"{str(ckpt.state.get('experiment_hash'))[:12]}, this is {mine[:12]}",
-            ckpt.where,
-            hint=changed_sets(ckpt.state.get("sets"), experiment.sets)
-            or "give the file, --variant, --set values and --run the run was trained with",
-        )
-    return Trained(experiment, rundef, compiled, settings, ckpt)
+    folder = run_folder(out, rundef.name, resume, mine)
+
+    def load(where: str, **filters: Any) -> Checkpoint:
+        return load_checkpoint(where, storage_options, expect=shapes, complete=True, **filters)
+
+    ckpt = find_resume(resume, checkpoint_folder(folder, settings), folder, mine, load)
+    check_identity(ckpt, mine, identity, experiment.sets)
+    return Trained(experiment, rundef, compiled, settings, ckpt, folder)

@@ -4,6 +4,7 @@ import pytest
 from tiny_lm import TEXT, train_tiny_lm, write_tiny_lm
 
 from sexpgpu.cli import main
+from sexpgpu.train.run_folder import claim_run_folder
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +65,26 @@ def test_eval_batches_and_another_data_set(tmp_path, capsys):
     assert code == 1 and "error[E-CLI-001]" in err and "other" in err
 
 
+def test_eval_latest_finds_the_renamed_run_folder_as_a_resume_does(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = write_tiny_lm(tmp_path)
+    claim_run_folder(tmp_path / "runs" / "train", "b" * 64, "train", resume=False)
+    assert main(["run", path.name, "--steps", "2"]) == 0  # runs/train is another's: train-2
+    capsys.readouterr()
+    code, out, err = _eval(capsys, path.name, "--resume", "latest")
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1])["checkpoint"].endswith("train-2/checkpoints/step-2")
+    assert "run folder: runs/train-2 (the newest this experiment's run claimed)" in err
+    code, _, err = _eval(capsys, path.name, "--resume", "latest", "--set", "lr=1")
+    assert code == 1 and "error[E-CKPT-001]" in err  # no folder of that experiment's run
+
+
 @pytest.mark.parametrize(
     ("extra", "code", "message"),
     [
         (["--batches", "0"], "E-CLI-001", "--batches 0 is not positive"),
         ([], "E-CLI-001", "the following arguments are required: --resume"),
-        (["--resume", "nowhere/step-3"], "E-CKPT-002", "nowhere/step-3"),
+        (["--resume", "nowhere/step-3"], "E-CKPT-001", "nowhere/step-3: no such checkpoint"),
         (["--set", "lr=1"], "E-CKPT-003", "--set lr=1.0 here"),
         (["--set", "lr"], "E-CLI-001", "is not NAME=VALUE"),
     ],

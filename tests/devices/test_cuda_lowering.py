@@ -184,8 +184,8 @@ def test_cross_entropy_is_made_with_its_gradient_where_the_weights_can_come_firs
     order = [id(n) for n in program.order]
     moved = order.index(id(weights)) < order.index(id(forward))
     assert moved is not weights_from_loss
-    kernel = program.report()["ops"]["cross-entropy"]["kernel"]
-    assert ("xent_with_grad" in kernel) is not weights_from_loss
+    call = program.report()["ops"]["cross-entropy"]["call"]
+    assert ("xent_with_grad" in call) is not weights_from_loss
 
 
 @pytest.mark.parametrize("backend", ["flash-cpu", "math"])
@@ -235,7 +235,7 @@ def test_report_names_kernels_and_the_peak() -> None:
     graph = Graph.of({"y": y})
     program = TorchGraph(graph, torch.device("cpu"))
     info = program.report()
-    assert info["ops"]["matmul"] == {"kernel": "torch.matmul (cuBLAS on CUDA)", "count": 1}
+    assert info["ops"]["matmul"] == {"call": "torch.matmul (cuBLAS on CUDA)", "count": 1}
     assert info["ops"]["gelu"]["count"] == 1 and info["attention"] is None
     # 2 bytes each: x and w die at the product, which dies at gelu; the peak is at the product.
     assert program.planned_peak_bytes == 2 * (32 + 24 + 12)

@@ -26,7 +26,7 @@ The plan, made when the graph is built:
   operand's buffer, the stashed log-sum-exp while it waits, and the f32
   rows cross-entropy's kernels hold while they run.
 
-`report` says which torch kernel each op kind used and which attention
+`report` says which torch call each op kind made and which attention
 backend ran.
 """
 
@@ -42,8 +42,8 @@ import torch
 
 from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import (
-    KERNELS,
     LOWERINGS,
+    TORCH_CALLS,
     cross_entropy_and_lse,
     cross_entropy_grad,
     cross_entropy_with_grad,
@@ -58,7 +58,7 @@ from sexpgpu.ir.ops import FED, VIEW, Op
 __all__ = ["TorchGraph", "feed_tensor", "made_once_bytes", "select_sdpa_backend"]
 
 _MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
-XENT_KERNEL = "the loss and its gradient in one kernel (sexpgpu::xent_with_grad: Triton on a GPU)"
+XENT_CALL = "the loss and its gradient in one kernel (sexpgpu::xent_with_grad: Triton on a GPU)"
 # Gradients that take what their forward stashed, and the forwards' operand counts.
 _PAIRED = {Op.ATTENTION_GRAD: Op.ATTENTION, Op.CROSS_ENTROPY_GRAD: Op.CROSS_ENTROPY}
 _FORWARD_ARITY = {Op.ATTENTION: 3, Op.CROSS_ENTROPY: 2}
@@ -283,7 +283,7 @@ class TorchGraph:
         return result
 
     def report(self) -> dict[str, Any]:
-        """What the lowering uses: each op kind's torch kernel and count, the attention backend.
+        """What the lowering uses: each op kind's torch call and count, the attention backend.
 
         Returns
         -------
@@ -292,7 +292,7 @@ class TorchGraph:
             "attention_nodes": {"%12 attention": "flash", ...},
             "stashed": <gradients taking what their forward stashed>,
             "with_grad": <cross-entropies made with their gradient>,
-            "ops": {"matmul": {"kernel": "torch.matmul (cuBLAS on CUDA)", "count": 12}, ...},
+            "ops": {"matmul": {"call": "torch.matmul (cuBLAS on CUDA)", "count": 12}, ...},
             "planned_peak_bytes": int}``
         """
         counts = Counter(node.op for node in self.order if node.op not in FED)
@@ -307,7 +307,7 @@ class TorchGraph:
             "stashed": sum(self._stash_users.values()),
             "with_grad": with_grad,
             "ops": {
-                op.label: {"kernel": _kernel(op, backends, with_grad), "count": count}
+                op.label: {"call": _torch_call(op, backends, with_grad), "count": count}
                 for op, count in sorted(counts.items(), key=lambda item: item[0].value)
             },
             "planned_peak_bytes": self.planned_peak_bytes,
@@ -318,7 +318,7 @@ class TorchGraph:
         info = self.report()
         lines = [f"lowering: device {info['device']}, attention {info['attention'] or 'none'}"]
         for label, entry in info["ops"].items():
-            lines.append(f"lowering: {label} x{entry['count']} -> {entry['kernel']}")
+            lines.append(f"lowering: {label} x{entry['count']} -> {entry['call']}")
         return lines
 
 
@@ -400,12 +400,12 @@ def _whole(value: Any) -> Any:
     return torch.stack(value.parts, value.axis) if isinstance(value, _Pieces) else value
 
 
-def _kernel(op: Op, backends: list[str], with_grad: int) -> str:
+def _torch_call(op: Op, backends: list[str], with_grad: int) -> str:
     if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
-        return f"{KERNELS[op]} ({', '.join(backends)})"
+        return f"{TORCH_CALLS[op]} ({', '.join(backends)})"
     if op in (Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD) and with_grad:
-        return f"{XENT_KERNEL} for {with_grad}; alone, {KERNELS[op]}"
-    return KERNELS[op]
+        return f"{XENT_CALL} for {with_grad}; alone, {TORCH_CALLS[op]}"
+    return TORCH_CALLS[op]
 
 
 def _temporary_bytes(node: Node) -> int:

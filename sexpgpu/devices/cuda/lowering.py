@@ -1,7 +1,7 @@
 """Every IR op as a PyTorch call: `LOWERINGS[op](node, *tensors) -> tensor`.
 
 One small function per op, registered with `lowering`, which also records
-the torch kernel it uses (`KERNELS`, printed by the lowering report). The
+the torch call it makes (`TORCH_CALLS`, printed by the lowering report). The
 meaning is the interpreter's (`sexpgpu.ir.numpy_impl`, `numpy_fused`):
 
 * NumPy broadcasting (torch's is the same) and one dtype per binary op;
@@ -46,9 +46,9 @@ from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import FED, Op
 
 __all__ = [
-    "KERNELS",
     "LOWERINGS",
     "LOWERING_EXEMPT",
+    "TORCH_CALLS",
     "TORCH_DTYPES",
     "ids_checked_by_caller",
     "lowering",
@@ -57,7 +57,7 @@ __all__ = [
 
 T = torch.Tensor
 LOWERINGS: dict[Op, Callable[..., T]] = {}
-KERNELS: dict[Op, str] = {}
+TORCH_CALLS: dict[Op, str] = {}  # what each lowering calls, for the report
 # Ops without a lowering: the leaves the caller feeds.
 LOWERING_EXEMPT = FED
 
@@ -75,14 +75,14 @@ def torch_dtype(dtype: DType) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
-def lowering(*ops: Op, kernel: str) -> Callable:
-    """Register the decorated function as the lowering of `ops`, using torch `kernel`."""
+def lowering(*ops: Op, call: str) -> Callable:
+    """Register the decorated function as the lowering of `ops`, which makes the torch `call`."""
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         for op in ops:
             assert op not in LOWERINGS, f"{op} lowered twice"
             LOWERINGS[op] = fn
-            KERNELS[op] = kernel
+            TORCH_CALLS[op] = call
         return fn
 
     return decorate
@@ -122,7 +122,7 @@ def _check_ids(node: Node, ids: T, size: int) -> None:
 # ---------------------------------------------------------------- leaves
 
 
-@lowering(Op.CONSTANT, kernel="torch.tensor (made once)")
+@lowering(Op.CONSTANT, call="torch.tensor (made once)")
 def _constant(node: Node, device: torch.device) -> T:
     value = node.attrs["value"]
     if isinstance(value, ConstArray):
@@ -134,7 +134,7 @@ def _constant(node: Node, device: torch.device) -> T:
     return scalar.expand(node.shape)
 
 
-@lowering(Op.IOTA, kernel="torch.arange (made once)")
+@lowering(Op.IOTA, call="torch.arange (made once)")
 def _iota(node: Node, device: torch.device) -> T:
     axis, shape = node.attrs["axis"], node.shape
     wide = torch.float32 if node.dtype is DType.BF16 else torch_dtype(node.dtype)
@@ -178,7 +178,7 @@ for _op, _fn, _name in [
     (Op.EQ, torch.eq, "torch.eq"),
     (Op.WHERE, torch.where, "torch.where"),
 ]:
-    lowering(_op, kernel=_name)(_plain(_fn, _name))
+    lowering(_op, call=_name)(_plain(_fn, _name))
 
 
 _WORD = 0xFFFFFFFF
@@ -194,7 +194,7 @@ def _mix32(x: T) -> T:
     return x ^ (x >> 16)
 
 
-@lowering(Op.UNIFORM, kernel="counter-based hash (int64 words)")
+@lowering(Op.UNIFORM, call="counter-based hash (int64 words)")
 def _uniform(node: Node, key: T, counter: T) -> T:
     salt = int(mix32(np.uint32(node.attrs["salt"])))  # a number of the node: mixed here
     k = _mix32((key.long() & _WORD) ^ salt)
@@ -202,7 +202,7 @@ def _uniform(node: Node, key: T, counter: T) -> T:
     return (h >> 8).to(torch.float32) * 2.0**-24
 
 
-@lowering(Op.CAST, kernel="Tensor.to")
+@lowering(Op.CAST, call="Tensor.to")
 def _cast(node: Node, x: T) -> T:
     target = torch_dtype(node.dtype)
     if target == torch.bfloat16 and x.dtype != torch.float32:
@@ -213,7 +213,7 @@ def _cast(node: Node, x: T) -> T:
 # ---------------------------------------------------------------- reductions
 
 
-@lowering(Op.SUM, kernel="torch.sum")
+@lowering(Op.SUM, call="torch.sum")
 def _sum(node: Node, x: T) -> T:
     axes, keep = list(node.attrs["axes"]), node.attrs["keepdims"]
     if not axes:  # torch would read dim=[] as every axis
@@ -223,7 +223,7 @@ def _sum(node: Node, x: T) -> T:
     return torch.sum(x, dim=axes, keepdim=keep, dtype=dtype)
 
 
-@lowering(Op.MAX, kernel="torch.amax")
+@lowering(Op.MAX, call="torch.amax")
 def _max(node: Node, x: T) -> T:
     axes, keep = list(node.attrs["axes"]), node.attrs["keepdims"]
     return torch.amax(x, dim=axes, keepdim=keep) if axes else x
@@ -232,28 +232,28 @@ def _max(node: Node, x: T) -> T:
 # ---------------------------------------------------------------- movement
 
 
-@lowering(Op.RESHAPE, kernel="Tensor.reshape")
+@lowering(Op.RESHAPE, call="Tensor.reshape")
 def _reshape(node: Node, x: T) -> T:
     return x.reshape(node.shape)
 
 
-@lowering(Op.TRANSPOSE, kernel="Tensor.permute")
+@lowering(Op.TRANSPOSE, call="Tensor.permute")
 def _transpose(node: Node, x: T) -> T:
     return x.permute(node.attrs["axes"])
 
 
-@lowering(Op.BROADCAST_TO, kernel="torch.broadcast_to")
+@lowering(Op.BROADCAST_TO, call="torch.broadcast_to")
 def _broadcast_to(node: Node, x: T) -> T:
     return torch.broadcast_to(x, node.shape)
 
 
-@lowering(Op.SLICE, kernel="Tensor.narrow")
+@lowering(Op.SLICE, call="Tensor.narrow")
 def _slice(node: Node, x: T) -> T:
     start, stop = node.attrs["start"], node.attrs["stop"]
     return x.narrow(node.attrs["axis"], start, stop - start)
 
 
-@lowering(Op.PAD, kernel="Tensor.new_zeros + copy_")
+@lowering(Op.PAD, call="Tensor.new_zeros + copy_")
 def _pad(node: Node, x: T) -> T:
     axis, before = node.attrs["axis"], node.attrs["before"]
     result = x.new_zeros(node.shape)
@@ -261,18 +261,18 @@ def _pad(node: Node, x: T) -> T:
     return result
 
 
-@lowering(Op.CONCAT, kernel="torch.cat")
+@lowering(Op.CONCAT, call="torch.cat")
 def _concat(node: Node, *xs: T) -> T:
     return torch.cat(xs, dim=node.attrs["axis"])
 
 
-@lowering(Op.TAKE, kernel="Tensor.index_select")
+@lowering(Op.TAKE, call="Tensor.index_select")
 def _take(node: Node, table: T, ids: T) -> T:
     _check_ids(node, ids, table.shape[0])
     return table.index_select(0, ids.reshape(-1)).reshape(node.shape)
 
 
-@lowering(Op.SCATTER_ADD, kernel="Tensor.index_add_")
+@lowering(Op.SCATTER_ADD, call="Tensor.index_add_")
 def _scatter_add(node: Node, ids: T, updates: T) -> T:
     # bf16 rows are summed in f32 and rounded once, as the interpreter does.
     wide = _wide(updates.dtype)
@@ -285,7 +285,7 @@ def _scatter_add(node: Node, ids: T, updates: T) -> T:
 # ---------------------------------------------------------------- products
 
 
-@lowering(Op.MATMUL, kernel="torch.matmul (cuBLAS on CUDA)")
+@lowering(Op.MATMUL, call="torch.matmul (cuBLAS on CUDA)")
 def _matmul(node: Node, a: T, b: T) -> T:
     return torch.matmul(a, b)
 
@@ -293,17 +293,17 @@ def _matmul(node: Node, a: T, b: T) -> T:
 # ---------------------------------------------------------------- fused
 
 
-@lowering(Op.SOFTMAX, kernel="aten._softmax")
+@lowering(Op.SOFTMAX, call="aten._softmax")
 def _softmax(node: Node, x: T) -> T:
     return torch.ops.aten._softmax(x, node.attrs["axis"], False)
 
 
-@lowering(Op.LOG_SOFTMAX, kernel="aten._log_softmax")
+@lowering(Op.LOG_SOFTMAX, call="aten._log_softmax")
 def _log_softmax(node: Node, x: T) -> T:
     return torch.ops.aten._log_softmax(x, node.attrs["axis"], False)
 
 
-@lowering(Op.SOFTMAX_GRAD, kernel="aten._softmax_backward_data")
+@lowering(Op.SOFTMAX_GRAD, call="aten._softmax_backward_data")
 def _softmax_grad(node: Node, y: T, g: T) -> T:
     return torch.ops.aten._softmax_backward_data(g, y, node.attrs["axis"], y.dtype)
 
@@ -330,7 +330,7 @@ def cross_entropy_and_lse(node: Node, logits: T, targets: T) -> tuple[T, T]:
     return (lse - picked).reshape(targets.shape).to(torch_dtype(node.dtype)), lse
 
 
-@lowering(Op.CROSS_ENTROPY_GRAD, kernel="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
+@lowering(Op.CROSS_ENTROPY_GRAD, call="exp(x - logsumexp) - onehot, times g (f32 for bf16)")
 def cross_entropy_grad(node: Node, logits: T, targets: T, g: T, lse: T | None = None) -> T:
     """``g * (softmax(logits) - onehot(targets))``, row by row.
 
@@ -359,18 +359,18 @@ def cross_entropy_with_grad(node: Node, grad: Node, logits: T, targets: T, g: T)
     return loss.reshape(targets.shape).to(torch_dtype(node.dtype)), out.reshape(logits.shape)
 
 
-@lowering(Op.CROSS_ENTROPY, kernel="torch.logsumexp - gather (f32 for bf16)")
+@lowering(Op.CROSS_ENTROPY, call="torch.logsumexp - gather (f32 for bf16)")
 def _cross_entropy(node: Node, logits: T, targets: T) -> T:
     return cross_entropy_and_lse(node, logits, targets)[0]
 
 
-@lowering(Op.ATTENTION, kernel="scaled-dot-product attention")
+@lowering(Op.ATTENTION, call="scaled-dot-product attention")
 def _attention(node: Node, q: T, k: T, v: T) -> T:
     backend = select_sdpa_backend(q.device, q.dtype)
     return sdpa_forward(q, k, v, node.attrs["causal"], node.attrs["scale"], backend)[0]
 
 
-@lowering(Op.ATTENTION_GRAD, kernel="scaled-dot-product attention backward")
+@lowering(Op.ATTENTION_GRAD, call="scaled-dot-product attention backward")
 def _attention_grad(node: Node, q: T, k: T, v: T, g: T) -> T:
     # Alone it runs the forward first; the executor passes the forward's aux instead.
     backend = select_sdpa_backend(q.device, q.dtype)
@@ -383,12 +383,12 @@ def _layernorm_stats(node: Node, x: T) -> tuple[T, T, T]:
     return torch.ops.aten.native_layer_norm(x, [x.shape[-1]], None, None, node.attrs["eps"])
 
 
-@lowering(Op.LAYERNORM, kernel="aten.native_layer_norm")
+@lowering(Op.LAYERNORM, call="aten.native_layer_norm")
 def _layernorm(node: Node, x: T) -> T:
     return _layernorm_stats(node, x)[0]
 
 
-@lowering(Op.LAYERNORM_GRAD, kernel="aten.native_layer_norm_backward")
+@lowering(Op.LAYERNORM_GRAD, call="aten.native_layer_norm_backward")
 def _layernorm_grad(node: Node, x: T, g: T) -> T:
     # The statistics are recomputed from x, as the IR's layernorm-grad says.
     _, mean, rstd = _layernorm_stats(node, x)
@@ -398,12 +398,12 @@ def _layernorm_grad(node: Node, x: T, g: T) -> T:
     )[0]
 
 
-@lowering(Op.GELU, kernel="torch.nn.functional.gelu (tanh)")
+@lowering(Op.GELU, call="torch.nn.functional.gelu (tanh)")
 def _gelu(node: Node, x: T) -> T:
     return F.gelu(x, approximate="tanh")
 
 
-@lowering(Op.GELU_GRAD, kernel="aten.gelu_backward (tanh)")
+@lowering(Op.GELU_GRAD, call="aten.gelu_backward (tanh)")
 def _gelu_grad(node: Node, x: T, g: T) -> T:
     return torch.ops.aten.gelu_backward(g, x, approximate="tanh")
 

@@ -13,7 +13,8 @@ export XDG_CACHE_HOME=/tmp/trust-cache  # no stacking remembered from other runs
 parts=${*:-tests determinism oom bench}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
-run() { SEXPGPU_DEVICE=cuda python3 -m sexpgpu run "$@"; }
+# `timeout` runs programs, not shell functions: the command is a word list.
+run=(env SEXPGPU_DEVICE=cuda python3 -m sexpgpu run)
 
 for part in $parts; do
   echo "== $part"
@@ -32,7 +33,7 @@ for part in $parts; do
     rm -rf /tmp/det-*
     for mode in 1 0; do
       for name in a b; do
-        SEXPGPU_DETERMINISTIC=$mode timeout 300 run /tmp/gpt-det.lisp --out /tmp/det-$mode-$name \
+        SEXPGPU_DETERMINISTIC=$mode timeout 300 "${run[@]}" /tmp/gpt-det.lisp --out /tmp/det-$mode-$name \
           > "$OUT/det_${mode}_$name.log" 2>&1 || echo "det $mode $name: exit $?"
       done
       grep -h "determinism:" "$OUT/det_${mode}_a.log" | head -1
@@ -51,7 +52,7 @@ sys.exit($at not in r('/tmp/det-killed', 'train/loss'))" 2>/dev/null && break
       sleep 1
     done
     kill -9 $pid; wait $pid 2>/dev/null
-    SEXPGPU_DETERMINISTIC=1 timeout 300 run /tmp/gpt-det.lisp --out /tmp/det-killed --resume latest \
+    SEXPGPU_DETERMINISTIC=1 timeout 300 "${run[@]}" /tmp/gpt-det.lisp --out /tmp/det-killed --resume latest \
       > "$OUT/det_resumed.log" 2>&1 || echo "resume: exit $?"
     grep -h "resumed" "$OUT/det_resumed.log" | head -2
     echo "killed + --resume latest against the uninterrupted run:"
@@ -65,7 +66,7 @@ sys.exit($at not in r('/tmp/det-killed', 'train/loss'))" 2>/dev/null && break
     # The lie: a plan for more memory than the card has passes, then allocations fail.
     sed -e "s/(batch 8) (microbatches 8) (steps 5000)/(batch ${OOM_BATCH:-512}) (microbatches 1) (steps 2)/" \
       examples/gpt.lisp > /tmp/gpt-oom.lisp
-    SEXPGPU_MEMORY=${OOM_MEMORY:-1TiB} timeout ${OOM_TIMEOUT:-400} run /tmp/gpt-oom.lisp --out /tmp/oom \
+    SEXPGPU_MEMORY=${OOM_MEMORY:-1TiB} timeout ${OOM_TIMEOUT:-400} "${run[@]}" /tmp/gpt-oom.lisp --out /tmp/oom \
       > "$OUT/oom.log" 2>&1
     code=$?
     grep -E "^memory:|error\[|internal error" "$OUT/oom.log" | head -12

@@ -29,6 +29,7 @@ from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.devices.memory_fit import recompute_lines
 from sexpgpu.devices.optim import moment_count
+from sexpgpu.devices.shard import choose, shard_line
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun, compile_run
 from sexpgpu.ir.printer import format_graph
@@ -157,15 +158,17 @@ def lowering_report(
         visible = 1  # plan for the named card
     config = RuntimeConfig.from_env(environ, device=device, visible_gpus=visible)
     backend = get_device(device)
-    moments = moment_count(run.optimizer)
-    plan = backend.plan(
+    plan, shards = choose(
+        backend,
         compiled,
-        moments=moments,
+        config.shard_optimizer,
+        config.world_size,
+        moments=moment_count(run.optimizer),
         ranks=config.local_size,
         memory=config.memory,
         microbatches=microbatches_per_rank(run.microbatches, config.world_size),
     )
-    lines = backend.report(plan)
+    lines = [*backend.report(plan), *shard_line(shards, config.shard_optimizer)]
     if not plan.memory.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines, plan.compiled

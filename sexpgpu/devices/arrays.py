@@ -56,7 +56,17 @@ class ArrayOps(Protocol):
 
         A host number, or the backend's device scalar (``float()`` reads it),
         so that the update can be queued before the host waits for it.
+        It is ``norm_from`` of ``square_norms``: a sharded update sums the
+        squares of every rank's shard in the same order (`sexpgpu.devices.shard`).
         """
+        ...
+
+    def square_norms(self, xs: Sequence[Any]) -> np.ndarray:
+        """Each array's part of `norm`, in order, as a float64 host array."""
+        ...
+
+    def norm_from(self, squares: np.ndarray) -> Any:
+        """`norm` of arrays whose `square_norms` are `squares` (concatenated, in order)."""
         ...
 
     def clip_scale(self, norm: Any, max_norm: float | None) -> Any:
@@ -88,7 +98,13 @@ class NumpyOps:
         return np.array(x)
 
     def norm(self, xs: Sequence[np.ndarray]) -> float:
-        return math.sqrt(sum(float(np.sum(np.square(x, dtype=np.float64))) for x in xs))
+        return self.norm_from(self.square_norms(xs))
+
+    def square_norms(self, xs: Sequence[np.ndarray]) -> np.ndarray:
+        return np.array([np.sum(np.square(x, dtype=np.float64)) for x in xs], np.float64)
+
+    def norm_from(self, squares: np.ndarray) -> float:
+        return math.sqrt(sum(float(s) for s in squares))  # in order, one addition at a time
 
     def clip_scale(self, norm: float, max_norm: float | None) -> float | None:
         return clip_factor(norm, max_norm)

@@ -87,8 +87,15 @@ class Program(Protocol):
     # step's microbatches before it reads a step's numbers (`sexpgpu.train.rank`).
     asynchronous: bool
 
-    def start(self, optimizer: Any, *, seed: int, state: HostState | None) -> None:
-        """Make the parameters from `seed` (or load `state`) and the optimizer, on the device."""
+    def start(
+        self, optimizer: Any, *, seed: int, state: HostState | None, shard_over: Any = None
+    ) -> None:
+        """Make the parameters from `seed` (or load `state`) and the optimizer, on the device.
+
+        `shard_over` (a `sexpgpu.devices.collectives.Comms` of several ranks)
+        keeps the optimizer state of this rank's shard alone (`sexpgpu.devices.shard`):
+        then `reduce`, `update` and `host_state` are collectives of every rank.
+        """
         ...
 
     def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
@@ -165,6 +172,7 @@ class Device(Protocol):
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
+        shards: int = 1,
     ) -> Plan:
         """The run's plan: the most one rank holds at once, by part, before any initializer runs.
 
@@ -181,6 +189,9 @@ class Device(Protocol):
         microbatches
             Microbatches per rank and step (more than one keeps gradient buffers),
             as `sexpgpu.train.settings.microbatches_per_rank` gives them.
+        shards
+            Ranks the optimizer state is sharded over (`sexpgpu.devices.shard`):
+            a rank holds the moments of its shard alone, the largest one counted.
         """
         ...
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.devices.memory_fit import recompute_lines
+from sexpgpu.devices.shard import largest_shard
 from sexpgpu.devices.state import SummingGraphs, TrainState
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun, matmul_flops
 from sexpgpu.ir.node import Graph
@@ -103,6 +104,7 @@ class CpuDevice:
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
+        shards: int = 1,
     ) -> CpuPlan:
         """Parameters, optimizer moments and the training graph's live set, per rank.
 
@@ -110,17 +112,19 @@ class CpuDevice:
         share of the host's memory unless ``SEXPGPU_MEMORY`` sets the budget
         per rank. The live set includes the gradients (graph outputs); the
         buffers they are summed into over `microbatches` are not counted,
-        as before the device interface.
+        as before the device interface. Sharded over `shards` ranks, a rank
+        keeps the moments of its shard alone (the largest shard counted).
         """
         del microbatches
         budget = detect_budget("cpu", memory)
         if memory is None and ranks > 1:
             budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")
         params = 4 * compiled.param_count
+        optimizer = moments * 4 * largest_shard(compiled, shards)
 
         def memory_of(graph: Graph) -> MemoryPlan:
             live = CpuProgram(graph).planned_peak_bytes
-            parts = {"parameters": params, "optimizer": moments * params, "activations": live}
+            parts = {"parameters": params, "optimizer": optimizer, "activations": live}
             return MemoryPlan(budget, parts)
 
         # Where the run does not fit, the least recomputation that does (docs/ir.md).

@@ -16,6 +16,7 @@ in `events` for the run's annotations.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,8 +25,15 @@ import numpy as np
 
 from sexpgpu.devices.arrays import NUMPY, ArrayOps
 from sexpgpu.devices.base import EvalResult, HostState
-from sexpgpu.devices.collectives import sum_over_ranks
+from sexpgpu.devices.collectives import (
+    allgather_over_ranks,
+    gather_over_ranks,
+    gather_to_lead,
+    scatter_over_ranks,
+    sum_over_ranks,
+)
 from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
+from sexpgpu.devices.shard import Shards, shard_params
 from sexpgpu.devices.stream import HostStream, Stream
 from sexpgpu.ir.compile import CompiledRun, ParamInfo
 from sexpgpu.runtime.oom import SplitState, call_with_split
@@ -214,18 +222,28 @@ class TrainState:
         self.plan = plan
         self._sums: Sums | None = None
         self._peak = 0
+        self._comms: Any = None  # the ranks the optimizer state is sharded over, if it is
+        self.shards: Shards | None = None
 
     # -- state -----------------------------------------------------------------------------
 
-    def start(self, optimizer: Any, *, seed: int, state: HostState | None) -> None:
+    def start(
+        self, optimizer: Any, *, seed: int, state: HostState | None, shard_over: Any = None
+    ) -> None:
         xp = self.xp
+        self._comms = shard_over if shard_over is not None and shard_over.size > 1 else None
+        own = self.params
+        if self._comms is not None:  # this rank's optimizer state alone
+            sizes = {k: math.prod(info.shape) for k, info in self.params.items()}
+            self.shards = shard_params(sizes, self._comms.size)
+            own = {k: self.params[k] for k in self.shards.of(self._comms.rank)}
         self.optimizer = make_optimizer(
             optimizer,
-            {k: info.shape for k, info in self.params.items()},
-            {k: info.decay for k, info in self.params.items()},
+            {k: info.shape for k, info in own.items()},
+            {k: info.decay for k, info in own.items()},
             xp,
             self.stream,
-            {k: info.hidden for k, info in self.params.items()},
+            {k: info.hidden for k, info in own.items()},
         )
         host = self.graphs.init_params(seed) if state is None else state.params
         self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in self.params}
@@ -237,13 +255,20 @@ class TrainState:
         return {k: self.xp.download(v) for k, v in self.values.items()}
 
     def host_state(self) -> HostState:
+        """The state on the host; sharded, a collective whose moments rank 0 of node 0 holds."""
         assert self.optimizer is not None, "start() first"
         download = self.xp.download
-        return HostState(
-            self.host_params(),
-            {k: download(v) for k, v in self.optimizer.tensors().items()},
-            self.optimizer.scalars(),
-        )
+        moments = {k: download(v) for k, v in self.optimizer.tensors().items()}
+        if self._comms is not None:
+            everyone = gather_to_lead(self._comms, moments)
+            moments = {} if everyone is None else self._in_order(everyone)
+        return HostState(self.host_params(), moments, self.optimizer.scalars())
+
+    def _in_order(self, moments: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`moments` in the order one rank keeps them: by moment, then parameter."""
+        assert self.optimizer is not None
+        keys = [f"{m}/{k}" for m in self.optimizer.moments for k in self.params]
+        return {key: moments[key] for key in keys if key in moments}
 
     # -- the step --------------------------------------------------------------------------
 
@@ -274,7 +299,10 @@ class TrainState:
         `RankContext` of one node.
         """
         assert self._sums is not None, "accumulate() first"
-        loss, grads = sum_over_ranks(ctx, self._sums.loss, self._sums.grads)
+        if self._comms is not None:  # each rank's shard's sums alone
+            loss, grads = scatter_over_ranks(ctx, self._sums.loss, self._sums.grads, self.shards)
+        else:
+            loss, grads = sum_over_ranks(ctx, self._sums.loss, self._sums.grads)
         # The gradients stay sums: `update` takes their mean through the factor
         # it scales them by anyway (no pass of its own over every gradient).
         self._sums.grads, self._sums.divisor = grads, microbatches
@@ -282,6 +310,8 @@ class TrainState:
 
     def update(self, lr: float, clip: float | None) -> Any:
         assert self._sums is not None and self.optimizer is not None
+        if self._comms is not None:
+            return self._update_shard(lr, clip)
         grads, optimizer, xp, stream = self._sums.grads, self.optimizer, self.xp, self.stream
         divisor = self._sums.divisor
         optimizer.advance(lr)
@@ -303,6 +333,27 @@ class TrainState:
         self._sums = None
         self._take_events()
         return stream.read_later(norm)  # the caller reads it once it has queued more
+
+    def _update_shard(self, lr: float, clip: float | None) -> Any:
+        """`update` of this rank's shard, then every rank's parameters on every rank.
+
+        The norm is summed from every parameter's square in parameter order
+        (the shards are contiguous, in rank order), as one rank sums it. Not
+        captured for replay: collectives run between its parts.
+        """
+        assert self._sums is not None and self.optimizer is not None and self._comms is not None
+        grads, xp, divisor = self._sums.grads, self.xp, self._sums.divisor
+        self.optimizer.advance(lr)
+        squares = allgather_over_ranks(self._comms, xp.square_norms(list(grads.values())).tolist())
+        norm = xp.norm_from(np.array([s for part in squares for s in part], np.float64))
+        if divisor != 1:
+            norm = norm / divisor
+        scale = _times(xp.clip_scale(norm, clip), 1 / divisor)
+        self.optimizer.queue({k: self.values[k] for k in grads}, grads, scale)
+        gather_over_ranks(self._comms, self.values, self.shards)
+        self._sums = None
+        self._take_events()
+        return self.stream.read_later(norm)
 
     @property
     def asynchronous(self) -> bool:

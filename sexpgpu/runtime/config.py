@@ -18,6 +18,8 @@ SEXPGPU_NODE_GRADIENTS     ``bf16`` or ``f32`` cross-node sums        ``bf16``
 SEXPGPU_NODE_TIMEOUT       seconds a node waits for the others        ``300``
 SEXPGPU_DETERMINISTIC      ``1``: cuda runs repeat bit for bit;       the cuda
                            ``0``: the fastest kernels                 device's
+SEXPGPU_SHARD_OPTIMIZER    ``1``: each rank keeps its shard of the    the plan's
+                           optimizer state; ``0``: every rank all     choice
 =========================  =========================================  ==========
 
 Several nodes run on ``cuda`` or on ``cpu``: cpu nodes sum over Gloo, to
@@ -42,6 +44,7 @@ __all__ = [
     "RuntimeConfig",
     "check_env",
     "deterministic_setting",
+    "shard_setting",
 ]
 
 ENV_VARS: tuple[str, ...] = (
@@ -54,6 +57,7 @@ ENV_VARS: tuple[str, ...] = (
     "SEXPGPU_NODE_GRADIENTS",
     "SEXPGPU_NODE_TIMEOUT",
     "SEXPGPU_DETERMINISTIC",
+    "SEXPGPU_SHARD_OPTIMIZER",
 )
 NODE_GRADIENT_DTYPES: tuple[str, ...] = ("bf16", "f32")
 # DESIGN.md: a node that has not arrived after 300 s stops the run.
@@ -84,6 +88,9 @@ class RuntimeConfig:
     deterministic
         ``SEXPGPU_DETERMINISTIC``: whether cuda runs repeat bit for bit;
         None: the cuda device's default.
+    shard_optimizer
+        ``SEXPGPU_SHARD_OPTIMIZER``: whether each of several ranks keeps the
+        optimizer state of its shard alone; None: the memory plan chooses.
     """
 
     device: str = "cpu"
@@ -95,6 +102,7 @@ class RuntimeConfig:
     node_gradients: str = "bf16"
     node_timeout: float = NODE_TIMEOUT
     deterministic: bool | None = None
+    shard_optimizer: bool | None = None
 
     @classmethod
     def from_env(
@@ -191,6 +199,7 @@ def _read(
     attempt("node_gradients", lambda: _node_gradients(environ))
     attempt("node_timeout", lambda: _node_timeout(environ))
     attempt("deterministic", lambda: deterministic_setting(environ))
+    attempt("shard_optimizer", lambda: shard_setting(environ))
     return values, problems
 
 
@@ -305,6 +314,22 @@ def deterministic_setting(environ: Mapping[str, str]) -> bool | None:
         "SEXPGPU_DETERMINISTIC",
         hint="SEXPGPU_DETERMINISTIC=1 makes cuda runs repeat bit for bit, 0 takes the fastest "
         "kernels; unset it for the device's default",
+    )
+
+
+def shard_setting(environ: Mapping[str, str]) -> bool | None:
+    """``SEXPGPU_SHARD_OPTIMIZER``: True (``1``), False (``0``), or None when unset (the plan's)."""
+    text = environ.get("SEXPGPU_SHARD_OPTIMIZER", "").strip()
+    if not text:
+        return None
+    if text in ("0", "1"):
+        return text == "1"
+    raise SexpgpuError(
+        "E-CLI-001",
+        f"SEXPGPU_SHARD_OPTIMIZER={_quote(text)} is neither 0 nor 1",
+        "SEXPGPU_SHARD_OPTIMIZER",
+        hint="SEXPGPU_SHARD_OPTIMIZER=1 keeps each rank's shard of the optimizer state alone, "
+        "0 the whole state on every rank; unset it to let the memory plan choose",
     )
 
 

@@ -5,6 +5,7 @@
     group = DeviceGroup(["cuda:0", "cuda:1"])      # or ["cpu:0", "cpu:1"]
     results = group.run(step)                      # step(ctx) on one thread per rank
     # inside step: ctx.all_reduce(grads), ctx.broadcast(params, root=0), ...
+    #              ctx.reduce_scatter([chunk for each rank]), ctx.allgather(x)
 
 Every collective is a rendezvous of all ranks at a barrier: each rank puts its
 value in its slot, waits for the others, takes what it needs (copied onto its
@@ -219,6 +220,21 @@ class RankContext:
         result = s.product if self.rank == 0 else copy_to(s.product, self.device)
         self._depart("all_reduce", result)
         return result
+
+    def reduce_scatter(self, chunks: Sequence[T]) -> T:
+        """The sum over every rank of its ``chunks[r]``, on rank r (one chunk per rank).
+
+        Each rank sums its own chunk in rank order, as `all_reduce` sums: the
+        same bits as that chunk of an all-reduce.
+        """
+        if len(chunks) != self.size:
+            raise ValueError(f"reduce_scatter needs {self.size} chunks, got {len(chunks)}")
+        values = self._exchange("reduce_scatter", 0, list(chunks))
+        total = copy_to(values[0][self.rank], self.device)  # owned: summed into in place
+        for value in values[1:]:
+            total = accumulate(total, read_on(value[self.rank], self.device))
+        self._depart("reduce_scatter", total)
+        return total
 
     def broadcast(self, x: T | None, root: int = 0) -> T:
         """Rank `root`'s `x`, on every rank (other ranks' `x` is ignored)."""

@@ -157,16 +157,7 @@ class NodeLink:
         import torch
 
         leaves = [_as_tensor(t) for t in tensors]
-        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in leaves])
-        sent = flat
-        if self.gradients == "bf16":
-            assert carry is not None, "bf16 cross-node sums need a GradientCarry"
-            if carry.residual is not None:
-                flat = flat + _as_tensor(carry.residual).to(flat.device)
-            sent = flat.to(torch.bfloat16)
-            carry.residual = flat - sent.to(torch.float32)
-        if self.backend != "nccl":
-            sent = sent.cpu()  # Gloo sends host tensors
+        flat, sent = self._contribution(leaves, carry)
         parts = [torch.empty_like(sent) for _ in range(self.nodes)]
         self._collective("a cross-node sum", lambda: self._dist.all_gather(parts, sent))
         parts = [p.to(flat.device) for p in parts]
@@ -178,6 +169,77 @@ class NodeLink:
             _like(p.reshape(t.shape).to(t.dtype), original)
             for p, t, original in zip(pieces, leaves, tensors, strict=True)
         ]
+
+    def reduce_scatter(
+        self, tensors: Sequence[Any], owners: Sequence[int], carry: GradientCarry | None = None
+    ) -> list[Any]:
+        """`sum`, each node receiving the sums of the tensors it owns (``owners[i]``) alone.
+
+        Each node's contribution is the one `sum` sends (bf16 with the carry,
+        or f32); node n gathers every node's part of its own tensors and adds
+        them in node order, so its sums are bitwise those of `sum`. Returns
+        this node's tensors' sums, in order, of the inputs' kinds and dtypes.
+        """
+        mine = [i for i, owner in enumerate(owners) if owner == self.node_rank]
+        if self.nodes == 1:
+            return [tensors[i] for i in mine]
+        import torch
+
+        leaves = [_as_tensor(t) for t in tensors]
+        flat, sent = self._contribution(leaves, carry)
+        offsets = [0]
+        for t in leaves:
+            offsets.append(offsets[-1] + t.numel())
+        total = None
+        for node in range(self.nodes):  # one gather per node, of its tensors' parts
+            part = torch.cat(
+                [sent[offsets[i] : offsets[i + 1]] for i, o in enumerate(owners) if o == node]
+                or [sent[:0]]
+            )
+            if node == self.node_rank and not part.numel():  # a node that owns nothing
+                total = part.to(flat.device, torch.float32)
+            if not part.numel():  # the same size on every node: no node sends
+                continue
+            parts = [torch.empty_like(part) for _ in range(self.nodes)]
+            parts = parts if node == self.node_rank else None
+            self._collective(
+                "a cross-node sum",
+                lambda part=part, parts=parts, node=node: self._dist.gather(
+                    part, gather_list=parts, dst=node
+                ),
+            )
+            if parts is not None:
+                total = parts[0].to(flat.device, torch.float32)
+                for other in parts[1:]:
+                    total = total + other.to(flat.device, torch.float32)  # node order
+        assert total is not None
+        pieces = total.split([leaves[i].numel() for i in mine])
+        return [
+            _like(p.reshape(leaves[i].shape).to(leaves[i].dtype), tensors[i])
+            for p, i in zip(pieces, mine, strict=True)
+        ]
+
+    def exchange(self, flat: Any, counts: Sequence[int]) -> list[Any]:
+        """Every node's flat float32 host array (node n's of ``counts[n]`` elements), in order.
+
+        Exact: the values travel as they are (parameters after a sharded update).
+        """
+        import numpy as np
+
+        if self.nodes == 1:
+            return [np.asarray(flat, np.float32)]
+        import torch
+
+        longest = max(counts)
+        if not longest:
+            return [np.zeros(0, np.float32) for _ in counts]
+        mine = torch.zeros(longest, dtype=torch.float32)
+        mine[: len(flat)] = torch.from_numpy(np.ascontiguousarray(flat, np.float32))
+        if self.backend == "nccl":
+            mine = mine.cuda()  # the rank's thread set its GPU
+        parts = [torch.empty_like(mine) for _ in range(self.nodes)]
+        self._collective("an exchange", lambda: self._dist.all_gather(parts, mine))
+        return [p[:n].cpu().numpy() for p, n in zip(parts, counts, strict=True)]
 
     def allgather(self, value: Any) -> list[Any]:
         """Every node's `value` (JSON-able: numbers, strings, lists, dicts), in node order.
@@ -221,6 +283,25 @@ class NodeLink:
         parts = parts if self.node_rank == 0 else None
         self._collective("a gather", lambda: self._dist.gather(mine, gather_list=parts, dst=0))
         return None if parts is None else [np.array(p.cpu().numpy()) for p in parts]
+
+    def _contribution(self, leaves: list[Any], carry: GradientCarry | None) -> tuple[Any, Any]:
+        """This node's tensors as one flat f32 tensor, and what is sent of it.
+
+        bf16: rounded with the carried error added, the new error kept in `carry`.
+        """
+        import torch
+
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in leaves])
+        sent = flat
+        if self.gradients == "bf16":
+            assert carry is not None, "bf16 cross-node sums need a GradientCarry"
+            if carry.residual is not None:
+                flat = flat + _as_tensor(carry.residual).to(flat.device)
+            sent = flat.to(torch.bfloat16)
+            carry.residual = flat - sent.to(torch.float32)
+        if self.backend != "nccl":
+            sent = sent.cpu()  # Gloo sends host tensors
+        return flat, sent
 
     def barrier(self) -> None:
         """Wait until every node is here (before leaving the run, say)."""

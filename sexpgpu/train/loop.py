@@ -104,6 +104,9 @@ class Trainer:
         More of the run for a new ``run.json`` (``--set`` values, ``--init-from``).
     announce
         Called with the lines a user should see (the checkpoint resumed).
+    shard_optimizer
+        Whether each rank keeps the optimizer state of its shard alone
+        (`sexpgpu.devices.shard`; the plan's choice, or ``SEXPGPU_SHARD_OPTIMIZER``).
 
     Attributes
     ----------
@@ -135,6 +138,7 @@ class Trainer:
         init: Mapping[str, Any] | None = None,
         record: Mapping[str, Any] | None = None,
         announce: Callable[[str], None] | None = None,
+        shard_optimizer: bool = False,
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
         self.runtime = runtime or RuntimeConfig()
@@ -151,6 +155,7 @@ class Trainer:
         self.sets = dict(sets or {})
         self.init = init
         self.record = dict(record or {})
+        self.shard_optimizer = shard_optimizer
         self.location = self._location()
 
     def _location(self) -> Location | None:
@@ -226,7 +231,12 @@ class Trainer:
         resumed = None
         if ckpt is not None:
             resumed = f"step {ckpt.step}, parameters {params_digest(ckpt.params)[:16]}"
-        return {"experiment": self.hash, "steps": self.settings.steps, "checkpoint": resumed}
+        return {
+            "experiment": self.hash,
+            "steps": self.settings.steps,
+            "checkpoint": resumed,
+            "optimizer states sharded": self.shard_optimizer,
+        }
 
     def _carry(self, ckpt: Checkpoint | None, link: NodeLink) -> GradientCarry:
         """This node's bf16 rounding error: from the checkpoint, so a resume is exact."""
@@ -253,6 +263,7 @@ class Trainer:
             carry=carry,
             sets=self.sets,
             init=self.init,
+            shard=self.shard_optimizer,
         )
 
     def _open_folder(self) -> RunClaim:

@@ -95,6 +95,9 @@ class RunContext:
         The ``--set`` values, recorded in checkpoints.
     init
         The parameters a fresh run starts from (``--init-from``), or None.
+    shard
+        Whether each rank keeps the optimizer state of its shard alone
+        (`sexpgpu.devices.shard`): checkpoints gather it on rank 0.
     """
 
     settings: RunSettings
@@ -113,6 +116,7 @@ class RunContext:
     carry: GradientCarry | None = None
     sets: Mapping[str, Any] = field(default_factory=dict)
     init: Mapping[str, np.ndarray] | None = None
+    shard: bool = False
 
 
 def carry_key(node: int) -> str:
@@ -149,14 +153,15 @@ class RankLoop:
         self.speaker = ctx.rank == 0 and run.link.nodes > 1  # this node's voice to the others
         self.program = program
         self.loader = loader
+        shard_over = self.comms if run.shard else None
         if ckpt is None:
             self.start = 0
             first = None if run.init is None else HostState(dict(run.init))
-            program.start(s.optimizer, seed=s.seed, state=first)
+            program.start(s.optimizer, seed=s.seed, state=first, shard_over=shard_over)
         else:
             self.start = ckpt.step
             state = HostState(ckpt.params, ckpt.optimizer, ckpt.state["optimizer"])
-            program.start(s.optimizer, seed=s.seed, state=state)
+            program.start(s.optimizer, seed=s.seed, state=state, shard_over=shard_over)
             self.loader.restore(ckpt.state["loaders"][self.comms.rank])
         self.schedule = make_schedule(s.schedule, s.optimizer.options["lr"], s.steps)
         self.diagnostics = self._diagnostics()
@@ -425,8 +430,10 @@ class RankLoop:
 
     def _checkpoint(self, step: int) -> None:
         host = self.program.host_state()
-        # Parameters and optimizer moments: ranks that disagree in either would drift apart.
-        mine = {"loader": self.loader.state(), "digest": params_digest(host.params | host.moments)}
+        # Parameters and optimizer moments: ranks that disagree in either would drift apart
+        # (sharded, each moment lives on one rank: the parameters alone can disagree).
+        kept = {} if self.run_ctx.shard else host.moments
+        mine = {"loader": self.loader.state(), "digest": params_digest(host.params | kept)}
         everyone = self.ctx.gather(mine, root=0)
         location = self.run_ctx.location
         if self.ctx.rank != 0 or location is None:  # the same on every node

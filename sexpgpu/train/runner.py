@@ -88,6 +88,8 @@ def prepare_run(
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import check_plan
     from sexpgpu.devices.optim import moment_count
+    from sexpgpu.devices.shard import choose as choose_shards
+    from sexpgpu.devices.shard import shard_line
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
     from sexpgpu.runtime.config import RuntimeConfig
@@ -113,10 +115,12 @@ def prepare_run(
     if init_from is not None:
         init = _init_from(init_from, resume, experiment, rundef, compiled)
         record["init_from"] = str(Path(init_from).resolve())
-    moments = moment_count(settings.optimizer)
-    plan = backend.plan(
+    plan, shards = choose_shards(
+        backend,
         compiled,
-        moments=moments,
+        config.shard_optimizer,
+        config.world_size,
+        moments=moment_count(settings.optimizer),
         ranks=len(devices),
         memory=config.memory,
         microbatches=microbatches_per_rank(settings.microbatches, config.world_size),
@@ -140,7 +144,7 @@ def prepare_run(
         param_shapes={key: info.shape for key, info in compiled.params.items()},
         target=compiled.target,
         plan=plan.memory,
-        report=backend.report(plan),
+        report=[*backend.report(plan), *shard_line(shards, config.shard_optimizer)],
         resume=resume,
         on_step=on_step,
         announce=announce,
@@ -149,6 +153,7 @@ def prepare_run(
         sets=experiment.sets,
         init=init,
         record=record,
+        shard_optimizer=shards > 1,
     )
 
 

@@ -39,12 +39,22 @@ class TorchOps:
         return x.detach().to("cpu", copy=True).numpy()
 
     def norm(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        # On the device: a launch per tensor, or a host read, made the step wait on the host.
+        return torch.sqrt(torch.sum(self._squares(xs)))
+
+    def _squares(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
         if not xs:
-            return torch.zeros((), dtype=torch.float64, device=self.device)
-        # Every tensor's norm in one multi-tensor kernel, their squares summed in
-        # f64 on the device (a launch per tensor made the step wait on the host).
+            return torch.zeros((0,), dtype=torch.float64, device=self.device)
+        # Every tensor's norm in one multi-tensor kernel, their squares in f64.
         norms = torch.stack(torch._foreach_norm(list(xs))).double()
-        return torch.sqrt(torch.sum(norms * norms))
+        return norms * norms
+
+    def square_norms(self, xs: Sequence[torch.Tensor]) -> np.ndarray:
+        return self.download(self._squares(xs))
+
+    def norm_from(self, squares: np.ndarray) -> torch.Tensor:
+        squares = torch.from_numpy(np.asarray(squares, np.float64)).to(self.device)
+        return torch.sqrt(torch.sum(squares))
 
     def clip_scale(self, norm: torch.Tensor, max_norm: float | None) -> torch.Tensor | None:
         # On the device: the update is queued without waiting for the norm.

@@ -11,6 +11,10 @@ buckets back into its buffers::
     rank 0:  nccl.all_reduce([bucket_0[b], ..., bucket_R-1[b]])   for each b
     rank r:  grads <- split(bucket[b])
 
+With the optimizer state sharded (`sexpgpu.devices.shard`), `reduce_scatter`
+and `all_gather` pack each rank's shard into its slot of one padded buffer
+(the largest shard's size) and make one NCCL call over all GPUs.
+
 NCCL's ring order is fixed by the topology, not by timing, so the sums are
 deterministic; with two GPUs they are bitwise the rank-order sum of the
 `GroupSum` (one addition commutes). The loss, one host number, goes through
@@ -82,7 +86,56 @@ class NcclSum:
         got = ctx.broadcast(np.float64(float(loss)), root=0)
         return float(got), self._collective(ctx, grads, names, "broadcast")
 
+    def reduce_scatter(
+        self, ctx: Any, grads: dict[str, Any], owned: list[list[str]]
+    ) -> dict[str, Any]:
+        if not self._usable(ctx, list(grads.values())):
+            return self._fallback.reduce_scatter(ctx, grads, owned)
+        import torch
+
+        segment = _segment(grads, owned)
+        packed = torch.zeros(ctx.size * segment, device=_device_of(grads))
+        for rank, names in enumerate(owned):
+            _pack(packed[rank * segment : (rank + 1) * segment], [grads[k] for k in names])
+        mine = packed.new_empty(segment)
+        self._shared(ctx, (packed, mine), "reduce_scatter", segment)
+        out = {}
+        at = 0
+        for k in owned[ctx.rank]:
+            out[k] = mine[at : at + grads[k].numel()].view(grads[k].shape)
+            at += grads[k].numel()
+        return out
+
+    def all_gather(self, ctx: Any, values: dict[str, Any], owned: list[list[str]]) -> None:
+        if not self._usable(ctx, list(values.values())):
+            self._fallback.all_gather(ctx, values, owned)
+            return
+        import torch
+
+        segment = _segment(values, owned)
+        mine = torch.zeros(segment, device=_device_of(values))
+        _pack(mine, [values[k] for k in owned[ctx.rank]])
+        everyone = mine.new_empty(ctx.size * segment)
+        self._shared(ctx, (mine, everyone), "all_gather", segment)
+        for rank, names in enumerate(owned):
+            if rank == ctx.rank:
+                continue
+            at = rank * segment
+            for k in names:
+                n = values[k].numel()
+                values[k].copy_(everyone[at : at + n].view(values[k].shape))
+                at += n
+
     # -- the collective ---------------------------------------------------------------------
+
+    def _shared(self, ctx: Any, pair: tuple[Any, Any], op: str, segment: int) -> None:
+        """``nccl.<op>(inputs, outputs)`` over every rank's `pair` (input, output), by rank 0."""
+        everyone = ctx.share(pair)
+        if ctx.rank == 0 and segment:
+            getattr(self._module(), op)([a for a, _ in everyone], [b for _, b in everyone])
+            for a, _ in everyone:  # the GPUs are done before any rank reads
+                _synchronize(a)
+        ctx.barrier()
 
     def _collective(
         self, ctx: Any, grads: dict[str, Any], names: list[str], op: str
@@ -146,3 +199,20 @@ def _synchronize(tensor: Any) -> None:
         import torch
 
         torch.cuda.synchronize(tensor.device)
+
+
+def _segment(arrays: dict[str, Any], owned: list[list[str]]) -> int:
+    """The elements of the largest rank's share: every rank's slot of a padded buffer."""
+    return max((sum(arrays[k].numel() for k in names) for names in owned), default=0)
+
+
+def _pack(into: Any, tensors: list[Any]) -> None:
+    """`tensors` flattened one after another into the start of the flat `into`."""
+    at = 0
+    for t in tensors:
+        into[at : at + t.numel()].copy_(t.reshape(-1))
+        at += t.numel()
+
+
+def _device_of(arrays: dict[str, Any]) -> Any:
+    return next(iter(arrays.values())).device

@@ -113,6 +113,7 @@ class CudaDevice:
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
+        shards: int = 1,
     ) -> CudaPlan:
         """What one GPU holds at once, by part, from the graphs alone (nothing allocated).
 
@@ -123,7 +124,8 @@ class CudaDevice:
         stacking degree chosen here (`sexpgpu.devices.cuda.stacking`); the
         workspace is cuBLAS's (PyTorch takes it from its caching allocator)
         and the optimizer's temporaries, a few of the largest parameter. With
-        several ranks, NCCL sums packed copies of the gradients. Where the
+        several ranks, NCCL sums packed copies of the gradients; sharded over
+        `shards` ranks, a GPU keeps its shard's moments alone. Where the
         plan fits a GPU, a dry call of the compiled step on zeros replaces
         the schedule's live set by the one measured.
         """
@@ -131,7 +133,7 @@ class CudaDevice:
         nodes = len(compiled.train_graph.nodes())
         pool = CompilePool(compile_workers(self.on_gpu and self.captures, nodes))
         try:
-            return Planner(self, compiled, microbatches, pool).plan(moments, ranks, memory)
+            return Planner(self, compiled, microbatches, pool).plan(moments, ranks, memory, shards)
         finally:
             pool.close()  # later graphs (other GPUs', a resume's) compile in-process
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sexpgpu.devices.cuda.parallel_compile import CompilePool
+from sexpgpu.devices.shard import largest_shard
 from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
@@ -95,12 +96,14 @@ class Planner:
         self._fused: dict[int, FusedGraph | str] = {}
         self._eval: tuple[int, Any] | None = None
 
-    def plan(self, moments: int, ranks: int, memory: int | None) -> CudaPlan:
+    def plan(self, moments: int, ranks: int, memory: int | None, shards: int = 1) -> CudaPlan:
         device = self.device
         budget = detect_budget(device.first, memory)
 
         def plan_at(degree: int, live: tuple[int, Any], copy_bytes: int = 0) -> MemoryPlan:
-            parts = self._parts(degree, moments, ranks, live[0], copy_bytes)
+            # Sharded, a GPU keeps its shard's moments alone (devices/shard.py).
+            moment_elements = moments * largest_shard(self.compiled, shards)
+            parts = self._parts(degree, moment_elements, ranks, live[0], copy_bytes)
             return MemoryPlan(budget, parts)
 
         def fits(degree: int, graph: Graph | None = None) -> bool:
@@ -158,7 +161,7 @@ class Planner:
         return self._stacked(degree) if recompute is None else recompute.graph
 
     def _parts(
-        self, degree: int, moments: int, ranks: int, live: int, copy_bytes: int
+        self, degree: int, moment_elements: int, ranks: int, live: int, copy_bytes: int
     ) -> dict[str, int]:
         device, compiled = self.device, self.compiled
         params = 4 * compiled.param_count
@@ -169,7 +172,7 @@ class Planner:
             "parameters": params,
             # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
             "parameter copies": copy_bytes,
-            "optimizer": moments * params,
+            "optimizer": 4 * moment_elements,
             "gradients": params if device.fuse or self.per_rank > 1 else 0,
             "constants": constants,
             "activations": max(0, live - fed - constants),

@@ -370,3 +370,17 @@ def test_deterministic_is_0_or_1_or_the_devices_default():
         RuntimeConfig.from_env({"SEXPGPU_DETERMINISTIC": "yes"})
     assert err.value.code == "E-CLI-001"
     assert "SEXPGPU_DETERMINISTIC='yes' is neither 0 nor 1" in err.value.message
+
+
+def test_shard_optimizer_is_0_or_1_or_the_plans_choice():
+    from sexpgpu.runtime.config import shard_setting
+
+    assert shard_setting({}) is None
+    assert RuntimeConfig.from_env({}).shard_optimizer is None
+    assert RuntimeConfig.from_env({"SEXPGPU_SHARD_OPTIMIZER": "1"}).shard_optimizer is True
+    assert RuntimeConfig.from_env({"SEXPGPU_SHARD_OPTIMIZER": " 0 "}).shard_optimizer is False
+    with pytest.raises(SexpgpuError) as err:
+        RuntimeConfig.from_env({"SEXPGPU_SHARD_OPTIMIZER": "auto"})
+    assert (err.value.code, err.value.location) == ("E-CLI-001", "SEXPGPU_SHARD_OPTIMIZER")
+    assert err.value.message == "SEXPGPU_SHARD_OPTIMIZER='auto' is neither 0 nor 1"
+    assert "unset it to let the memory plan choose" in err.value.hint

@@ -49,6 +49,22 @@ def test_all_reduce_is_the_rank_order_sum(size, dtype):
 
 
 @pytest.mark.parametrize("size", SIZES)
+def test_reduce_scatter_is_each_chunk_of_the_rank_order_sum(size):
+    # Rank r sends chunk c of (c + 2, 3) rows; rank c receives the sum over ranks, bitwise
+    # the all-reduce's (the same order of additions).
+    rng = np.random.default_rng(size)
+    chunks = [[(c + 2, 3) for c in range(size)] for _ in range(size)]
+    data = [[rng.standard_normal(shape).astype(np.float32) for shape in row] for row in chunks]
+    results = cpu_group(size).run(lambda ctx: ctx.reduce_scatter(data[ctx.rank]))
+    for c, result in enumerate(results):
+        reference = functools.reduce(np.add, [data[r][c] for r in range(size)])
+        assert np.array_equal(result, reference)
+        assert all(result is not data[r][c] for r in range(size))  # a copy, never the input
+    with pytest.raises(ValueError, match="reduce_scatter needs 2 chunks, got 1"):
+        cpu_group(2).run(lambda ctx: ctx.reduce_scatter([np.zeros(1)]))
+
+
+@pytest.mark.parametrize("size", SIZES)
 def test_broadcast_from_every_root(size):
     data = rank_data(size, (3, 11))
     for root in range(size):

@@ -127,6 +127,7 @@ def test_bf16_nodes_carry_the_rounding_and_resume_exactly(tmp_path):
     [
         ({"SEXPGPU_NODE_GRADIENTS": "f32"}, "node gradients: 'f32' on node 1, 'bf16' on node 0"),
         ({"SEXPGPU_DEVICES": "0,1"}, "devices per node: 2 on node 1, 1 on node 0"),
+        ({"SEXPGPU_SHARD_OPTIMIZER": "1"}, "optimizer states sharded: True on node 1, False on"),
     ],
 )
 def test_e_dp_006_a_node_that_differs(tmp_path, node1, differs):
@@ -193,3 +194,28 @@ def test_two_nodes_of_two_ranks_train_like_four_ranks(tmp_path):
     )
     assert sorted(ours) == [2, 4, 6]
     np.testing.assert_allclose([ours[s] for s in ours], [theirs[s] for s in ours], rtol=1e-5)
+
+
+def _same_files(a, b, steps):
+    for step in steps:
+        for file in sorted((a / step).iterdir()):
+            assert file.read_bytes() == (b / step / file.name).read_bytes(), (step, file.name)
+
+
+def test_two_nodes_of_two_ranks_shard_the_state_bitwise_like_keeping_it_all(tmp_path):
+    # bf16 between nodes: each node's contribution is rounded as a whole, carry and all.
+    path = _experiment(tmp_path, MLP.replace("(microbatches 2)", "(microbatches 4)"))
+    whole, shard, resumed = (tmp_path / d for d in ("whole", "shard", "resumed"))
+    env = {"SEXPGPU_DEVICES": "0,1", "SEXPGPU_SHARD_OPTIMIZER": "0"}
+    sharded = env | {"SEXPGPU_SHARD_OPTIMIZER": "1"}
+    _ok(run_nodes([[path, "--out", str(whole)]] * 2, envs=[env, env]))
+    _ok(run_nodes([[path, "--out", str(shard)]] * 2, envs=[sharded, sharded]))
+    _same_files(whole / "checkpoints", shard / "checkpoints", ["step-3", "step-6"])
+    assert series(whole, "train/loss") == series(shard, "train/loss")
+    notes = [r["value"] for r in read_metrics(shard / "metrics.jsonl") if r["name"] == "annotation"]
+    assert "optimizer states: sharded over 4 ranks (SEXPGPU_SHARD_OPTIMIZER=1)" in notes
+
+    # The unsharded run's step 3 resumed sharded: the same step 6.
+    step3 = whole / "checkpoints" / "step-3"
+    _ok(run_nodes([[path, "--resume", str(step3), "--out", str(resumed)]] * 2, envs=[sharded] * 2))
+    _same_files(whole / "checkpoints", resumed / "checkpoints", ["step-6"])

@@ -5,7 +5,15 @@ import pytest
 from run_reference import series
 from standin_program import Mlp, defdata, on_cpu
 
-from sexpgpu.devices.collectives import Comms, GroupSum, local_sum, sum_over_ranks
+from sexpgpu.devices.collectives import (
+    Comms,
+    GroupSum,
+    gather_over_ranks,
+    local_sum,
+    scatter_over_ranks,
+    sum_over_ranks,
+)
+from sexpgpu.devices.shard import shard_params
 from sexpgpu.devices.state import TrainState
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.lang.runs import optimizer_spec
@@ -106,6 +114,21 @@ class FakeNccl:
         for x in inputs:
             x.copy_(inputs[root])
 
+    def reduce_scatter(self, inputs, outputs):
+        self.calls.append(("reduce_scatter", [x.numel() for x in inputs]))
+        total = inputs[0].clone()
+        for x in inputs[1:]:
+            total += x
+        for rank, out in enumerate(outputs):
+            out.copy_(total[rank * out.numel() : (rank + 1) * out.numel()])
+
+    def all_gather(self, inputs, outputs):
+        self.calls.append(("all_gather", [x.numel() for x in inputs]))
+        import torch
+
+        for out in outputs:
+            out.copy_(torch.cat(inputs))
+
 
 class FakeLink:
     """Node 0 of two whose other node sends what this one does (for the seam's node path)."""
@@ -156,6 +179,37 @@ def test_nccl_sum_is_the_group_sum_bucket_by_bucket(link):
     if link is not None:
         calls += [("broadcast", [15] * 3), ("broadcast", [15] * 3)]
     assert nccl.calls == calls
+
+
+def test_nccl_reduce_scatter_and_all_gather_are_the_groups_shard_by_shard():
+    pytest.importorskip("torch")
+    from sexpgpu.devices.cuda.collectives import NcclSum
+
+    nccl = FakeNccl()
+    shards = shard_params({"a": 15, "b": 7, "c": 8}, 2)  # [a] [b c]: slots of 15 elements
+
+    def step(ctx, local):
+        comms = Comms(ctx, local=local)
+        loss, own = scatter_over_ranks(comms, 0.5 * (ctx.rank + 1), _grads(ctx.rank), shards)
+        values = {k: g * (ctx.rank + 1) for k, g in _grads(ctx.rank).items()}
+        gather_over_ranks(comms, values, shards)  # in place: every entry its owner's
+        return loss, own, values
+
+    group = DeviceGroup(["cpu:0", "cpu:1"])
+    ours = group.run(lambda ctx: step(ctx, NcclSum(nccl)))
+    theirs = group.run(lambda ctx: step(ctx, GroupSum()))
+    summed = {k: _grads(0)[k] + _grads(1)[k] for k in "abc"}
+    for rank, ((loss, own, values), (ref_loss, ref_own, ref_values)) in enumerate(
+        zip(ours, theirs, strict=True)
+    ):
+        assert loss == ref_loss == 1.5
+        assert list(own) == list(ref_own) == shards.of(rank)
+        assert all(own[k].equal(ref_own[k]) and own[k].equal(summed[k]) for k in own)
+        for k in "abc":
+            owner = shards.owner[k]
+            assert values[k].equal(ref_values[k])
+            assert values[k].equal(_grads(owner)[k] * (owner + 1))
+    assert nccl.calls == [("reduce_scatter", [30, 30]), ("all_gather", [15, 15])]
 
 
 def test_buckets_are_consecutive_and_bounded():

@@ -10,7 +10,7 @@ import pytest
 from mlp_experiment import mlp_text
 from run_reference import series
 
-from sexpgpu.train import load_checkpoint, run_experiment
+from sexpgpu.train import run_experiment
 from sexpgpu.train.metrics import read_metrics
 
 OPTIMIZERS = {

@@ -27,10 +27,11 @@ from .engine import backends_for, execute
 from .exact import exact_two_sites
 from .interop import open_trains, quimb_kind
 from .nodes import node_config, open_nodes, problem_key, shared_seed
-from .resources import Resources
+from .resources import Resources, resolve_host_budget
 from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
 from .trains import Stack, normalize_stack, unpad
+from .trim import trim_stack
 
 __all__ = ["StackCall", "StackOptions", "apply", "compress", "run_stack", "src"]
 
@@ -125,6 +126,8 @@ def run_stack(call: StackCall) -> Any:
                 where,
                 link.nodes,
             )
+            if where == "cpu":
+                stack = trim_stack(stack, work, resolve_host_budget(res) // 4)
             result = execute(
                 fn,
                 stack,

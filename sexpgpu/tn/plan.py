@@ -160,14 +160,19 @@ def row_blocks(n: int, tile: int) -> list[tuple[int, int]]:
 def cut_ranks(stack: Stack) -> list[int]:
     """For every cut ``j | j+1``, a bound on the product's rank there.
 
-    The smaller of the product of the bonds crossing the cut and the product of
-    the physical dimensions left of it.
+    The smallest of the product of the bonds crossing the cut and the products
+    of the physical dimensions left and right of it.
     """
-    bounds, phys = [], 1
-    for j in range(stack.n_sites - 1):
-        shapes = stack.shapes(j)
-        phys = min(phys * shapes[0][2] * shapes[-1][3], 2**62)
-        bounds.append(min(phys, prod(s[1] for s in shapes)))
+    cap = 2**62
+    phys = [min(cap, s[0][2] * s[-1][3]) for s in (stack.shapes(j) for j in range(stack.n_sites))]
+    rights, right = [], 1
+    for p in reversed(phys[1:]):
+        right = min(right * p, cap)
+        rights.append(right)
+    bounds, left = [], 1
+    for j, right in enumerate(reversed(rights)):
+        left = min(left * phys[j], cap)
+        bounds.append(min(left, right, prod(s[1] for s in stack.shapes(j))))
     return bounds
 
 

@@ -2,7 +2,9 @@
 
 Simulated cpu ranks through ``sexpgpu run``'s library side, for each optimizer
 and across a resume in either direction; the cuda lowering on PyTorch's CPU
-device; the plan's choice; loopback nodes live in test_train_nodes.py.
+device; programs stepped by hand, on simulated ranks and (``-m gpu``) on
+GPUs, where ranks share one GPU if there is only one; the plan's choice is
+in tests/devices/test_shard.py, loopback nodes in test_train_nodes.py.
 """
 
 import numpy as np
@@ -99,3 +101,74 @@ def test_the_cuda_lowering_shards_as_it_keeps_all(tmp_path):
         assert np.array_equal(whole.params[k], shard.params[k]), k
     assert series(tmp_path / "whole", "train/loss") == series(tmp_path / "shard", "train/loss")
     _same_checkpoints(tmp_path / "whole", tmp_path / "shard")
+
+
+def _steps(devices, shard, make, compiled, steps=3):
+    """`steps` of programs on `devices`, the state sharded or not: every rank's parameters."""
+    from sexpgpu.devices.collectives import Comms, GroupSum
+    from sexpgpu.lang.runs import optimizer_spec
+    from sexpgpu.runtime.group import DeviceGroup
+
+    spec = optimizer_spec("adamw", lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    batches = [
+        {
+            "x": rng.standard_normal(compiled.inputs["x"][0]).astype(np.float32),
+            "y": rng.integers(0, 10, compiled.inputs["y"][0]).astype(np.int32),
+        }
+        for _ in range(steps * len(devices))
+    ]
+
+    def rank(ctx):
+        # Ranks sharing one GPU (or on simulated ranks) sum through the group's copies.
+        comms = Comms(ctx, local=GroupSum()) if len(set(devices)) < len(devices) else Comms(ctx)
+        program = make(ctx.device)
+        program.start(spec, seed=1, state=None, shard_over=comms if shard else None)
+        for step in range(steps):
+            program.accumulate(batches[step * ctx.size + ctx.rank])
+            program.reduce(comms, ctx.size)
+            float(program.update(1e-2, 0.5))
+        state = program.host_state()
+        return state.params, state.moments
+
+    return DeviceGroup(devices).run(rank)
+
+
+@pytest.mark.parametrize(
+    "kind, devices",
+    [
+        ("cpu", ("cpu:0", "cpu:1")),
+        pytest.param("cuda", None, marks=pytest.mark.gpu),
+    ],
+)
+def test_programs_shard_their_state_and_agree_with_programs_that_keep_it_all(kind, devices):
+    from sexpgpu.devices.base import get_device
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment_text
+
+    if kind == "cuda":
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+        count = torch.cuda.device_count()
+        devices = tuple(f"cuda:{r % count}" for r in range(2))  # one GPU: both ranks on it
+    experiment = load_experiment_text(mlp_text(hidden=16))
+    compiled = compile_run(experiment, experiment.run(None))
+    device = get_device(kind)
+    plan = device.plan(compiled, moments=2, ranks=2, memory=None, microbatches=1, shards=2)
+    make = lambda where: device.load(plan, where)  # noqa: E731
+    whole = _steps(devices, False, make, compiled)
+    shard = _steps(devices, True, make, compiled)
+    # Bitwise on the host; a GPU's fused step may sum in another order from call to call.
+    same = np.array_equal if kind == "cpu" else _close
+    for (params, _), (ref_params, _) in zip(shard, whole, strict=True):
+        for k in ref_params:
+            assert same(params[k], ref_params[k]), k
+    assert shard[1][1] == {}  # rank 1 holds no one's moments on the host
+    assert list(shard[0][1]) == list(whole[0][1])  # rank 0 gathered them, in order
+    for k, v in whole[0][1].items():
+        assert same(shard[0][1][k], v), k
+
+
+def _close(a, b):
+    return np.allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -84,7 +84,9 @@ def shard_params(sizes: Mapping[str, int], ranks: int) -> Shards:
     return Shards(ranks, dict(zip(names, runs(low), strict=True)))
 
 
-def choose(device: Any, compiled: Any, setting: bool | None, world: int, **plan: Any) -> tuple:
+def choose(
+    device: Any, compiled: Any, setting: bool | None, world: int, **plan: Any
+) -> tuple[Any, int]:
     """The device's plan of `compiled` and the ranks its optimizer state is sharded over.
 
     Parameters

@@ -86,10 +86,21 @@ def test_the_plan_shards_where_the_whole_state_does_not_fit(
     ]
 
 
-def test_the_plan_counts_the_largest_shard_of_the_moments():
+def _device(kind):
+    if kind == "cpu":
+        return CpuDevice()
+    pytest.importorskip("torch")
+    from sexpgpu.devices.cuda.device import CudaDevice
+
+    return CudaDevice("cpu")  # the cuda lowering's planner, on PyTorch's CPU device
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_the_plan_counts_the_largest_shard_of_the_moments(kind):
     experiment = load_experiment_text(mlp_text(hidden=256))
     compiled = compile_run(experiment, experiment.run(None))
-    plans = [CpuDevice().plan(compiled, moments=2, ranks=2, memory=2**30, shards=n) for n in (1, 2)]
+    device = _device(kind)
+    plans = [device.plan(compiled, moments=2, ranks=2, memory=2**30, shards=n) for n in (1, 2)]
     sizes = {k: info.size for k, info in compiled.params.items()}
     assert plans[0].memory.parts["optimizer"] == 2 * 4 * sum(sizes.values())
     assert plans[1].memory.parts["optimizer"] == 2 * 4 * 64 * 256  # the first weight alone

@@ -79,14 +79,27 @@ def model_section(experiment: Experiment, runs: Sequence[RunDef]) -> list[str]:
 
 
 def _recompute_lines(compiled: CompiledRun, run: RunDef, environ: Mapping[str, str]) -> list[str]:
-    """What the cpu device recomputes to fit the host (or ``SEXPGPU_MEMORY``); [] if nothing."""
+    """What the cpu device recomputes or shards to fit the host (or ``SEXPGPU_MEMORY``).
+
+    Over the simulated ranks ``SEXPGPU_DEVICES`` names, where the run's
+    microbatches divide over them (else one rank); [] where nothing is needed.
+    """
     from sexpgpu.runtime.config import RuntimeConfig
 
     config = RuntimeConfig.from_env(environ, device="cpu")
-    plan = get_device("cpu").plan(
-        compiled, moments=moment_count(run.optimizer), ranks=1, memory=config.memory
+    ranks = config.local_size if run.microbatches % config.world_size == 0 else 1
+    world = ranks * config.nodes if ranks > 1 else 1
+    plan, shards = choose(
+        get_device("cpu"),
+        compiled,
+        config.shard_optimizer,
+        world,
+        moments=moment_count(run.optimizer),
+        ranks=ranks,
+        memory=config.memory,
     )
-    lines = [f"{line} (cpu)" for line in recompute_lines(plan)]
+    lines = [*recompute_lines(plan), *shard_line(shards, config.shard_optimizer)]
+    lines = [f"{line} (cpu)" for line in lines]
     if not plan.memory.fits:
         lines.append("memory: the plan does not fit the budget; a run would stop with E-MEM-001")
     return lines

@@ -142,3 +142,19 @@ def test_explain_says_the_state_is_sharded(tmp_path, capsys):
         assert main(["explain", str(path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "; optimizer states: sharded over 2 ranks (SEXPGPU_SHARD_OPTIMIZER=1)" in out
+
+
+def test_check_says_the_state_is_sharded_over_the_simulated_ranks(tmp_path, capsys):
+    from sexpgpu.cli import main
+
+    path = tmp_path / "mlp.lisp"
+    path.write_text(mlp_text(hidden=256))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SEXPGPU_DEVICES", "0,1")
+        patch.setenv("SEXPGPU_MEMORY", BETWEEN)
+        assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "    optimizer states: sharded over 2 ranks (the unsharded state does not fit) (cpu)" in out
+    )
+    assert "recompute:" not in out

@@ -98,7 +98,7 @@ class GroupSum:
         for rank, theirs in enumerate(everyone):
             if rank != ctx.rank:
                 for k, v in theirs.items():
-                    write(values[k], v)
+                    _write(values[k], v)
 
 
 # The device kind users type -> its LocalSum (imported on first use: cuda loads torch).
@@ -241,7 +241,7 @@ def gather_over_ranks(ctx: Any, values: dict[str, Any], shards: Shards) -> None:
         got = group.broadcast({k: values[k] for k in others} if group.rank == 0 else None)
         for k in others:
             if group.rank != 0:
-                write(values[k], got[k])
+                _write(values[k], got[k])
 
 
 def allgather_over_ranks(ctx: Any, value: Any) -> list[Any]:
@@ -300,7 +300,7 @@ def _unflat(flat: Any, into: dict[str, Any]) -> None:
     at = 0
     for x in into.values():
         n = _numel(x)
-        write(x, flat[at : at + n].reshape(x.shape))
+        _write(x, flat[at : at + n].reshape(x.shape))
         at += n
 
 
@@ -308,7 +308,7 @@ def _host(x: Any) -> Any:
     return x.detach().cpu().numpy() if is_tensor(x) else x
 
 
-def write(dst: Any, src: Any) -> None:
+def _write(dst: Any, src: Any) -> None:
     """``dst[...] = src``: an array or tensor overwritten in place from another device's copy."""
     if isinstance(dst, np.ndarray):
         dst[...] = _host(src)

@@ -349,7 +349,8 @@ class TrainState:
         if divisor != 1:
             norm = norm / divisor
         scale = _times(xp.clip_scale(norm, clip), 1 / divisor)
-        self.optimizer.queue({k: self.values[k] for k in grads}, grads, scale)
+        if grads:  # a rank past the last parameter owns none
+            self.optimizer.queue({k: self.values[k] for k in grads}, grads, scale)
         gather_over_ranks(self._comms, self.values, self.shards)
         self._sums = None
         self._take_events()

@@ -87,16 +87,17 @@ def test_a_resume_crosses_between_sharded_and_whole_states(tmp_path, first, then
     _same_checkpoints(tmp_path / "straight", tmp_path / "resumed", steps=("step-6",))
 
 
-def test_the_cuda_lowering_shards_as_it_keeps_all(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 4])  # of 4: two ranks own no parameter
+def test_the_cuda_lowering_shards_as_it_keeps_all(tmp_path, ranks):
     pytest.importorskip("torch")
     from device_seam import device_named
 
     from sexpgpu.devices.cuda.device import CudaDevice
 
-    path = _experiment(tmp_path, microbatches=2)
+    path = _experiment(tmp_path, microbatches=ranks)
     with device_named("cpu", CudaDevice("cpu")):
-        whole = _run(path, tmp_path / "whole", 2, "0")
-        shard = _run(path, tmp_path / "shard", 2, "1")
+        whole = _run(path, tmp_path / "whole", ranks, "0")
+        shard = _run(path, tmp_path / "shard", ranks, "1")
     for k in whole.params:
         assert np.array_equal(whole.params[k], shard.params[k]), k
     assert series(tmp_path / "whole", "train/loss") == series(tmp_path / "shard", "train/loss")

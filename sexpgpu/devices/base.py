@@ -139,7 +139,11 @@ class Program(Protocol):
         ...
 
     def host_state(self) -> HostState:
-        """Parameters and optimizer state copied to the host."""
+        """Parameters and optimizer state copied to the host.
+
+        Sharded (`start`'s `shard_over`), every rank calls it together: rank 0
+        of node 0 gets every rank's moments, in the unsharded order; the others none.
+        """
         ...
 
     def host_params(self) -> dict[str, np.ndarray]:

@@ -237,6 +237,8 @@ def cold(cache: str) -> dict[str, str]:
         **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
         "TRITON_CACHE_DIR": os.path.join(cache, "triton"),
+        # sexpgpu's compile cache, which points the two above into itself.
+        "SEXPGPU_CACHE": os.path.join(cache, "sexpgpu"),
     }
 
 

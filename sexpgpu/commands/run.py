@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -78,10 +79,17 @@ def duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def first_step_line(seconds: float) -> str:
+    """``first step after 3.2 s``: the wait from the command's start, compiling included."""
+    return f"first step after {seconds:.1f} s (runtime/first_step_s)"
+
+
 def _plain_progress(steps: int) -> Any:
     every = max(1, steps // 20)
 
     def show(r: StepReport) -> None:
+        if r.first_step_s is not None:
+            print(first_step_line(r.first_step_s), flush=True)
         if r.step % every and r.step != r.steps and r.eval_step != r.step:
             return
         line = (
@@ -115,6 +123,8 @@ class _RichProgress:
         self.task = self.progress.add_task("train", total=steps, info="")
 
     def __call__(self, r: StepReport) -> None:
+        if r.first_step_s is not None:
+            self.progress.console.print(first_step_line(r.first_step_s))
         info = f"loss {r.loss:.4f}  {r.tokens_per_s:,.0f} {r.unit}/s"
         if r.eval_loss is not None:
             info += f"  eval {r.eval_loss:.4f}"
@@ -166,6 +176,7 @@ def _stop_on_signals(handler: _StopHandler) -> Iterator[None]:
 
 def main(args: argparse.Namespace) -> int:
     """Train the run with progress on stdout; exit status 0 when it finishes."""
+    started = time.perf_counter()  # the first step's wait counts from here
     trainer = prepare_run(
         args.file,
         variant=args.variant,
@@ -178,6 +189,7 @@ def main(args: argparse.Namespace) -> int:
         init_from=args.init_from,
         log=args.log,
         announce=lambda line: print(line, flush=True),
+        started=started,
     )
     steps = trainer.settings.steps
     if args.out is None and args.resume is None and trainer.run_dir.name != trainer.run_name:

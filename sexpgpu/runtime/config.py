@@ -20,6 +20,8 @@ SEXPGPU_DETERMINISTIC      ``1``: cuda runs repeat bit for bit;       the cuda
                            ``0``: the fastest kernels                 device's
 SEXPGPU_SHARD_OPTIMIZER    ``1``: each rank keeps its shard of the    the plan's
                            optimizer state; ``0``: every rank all     choice
+SEXPGPU_CACHE              ``0``: no compiled steps kept; a folder:   ``$XDG_CACHE_HOME
+                           the cache's folder                         /sexpgpu``
 =========================  =========================================  ==========
 
 Several nodes run on ``cuda`` or on ``cpu``: cpu nodes sum over Gloo, to
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sexpgpu.errors import SexpgpuError
@@ -42,6 +45,7 @@ __all__ = [
     "NODE_GRADIENT_DTYPES",
     "NODE_TIMEOUT",
     "RuntimeConfig",
+    "cache_dir",
     "check_env",
     "deterministic_setting",
     "shard_setting",
@@ -58,6 +62,7 @@ ENV_VARS: tuple[str, ...] = (
     "SEXPGPU_NODE_TIMEOUT",
     "SEXPGPU_DETERMINISTIC",
     "SEXPGPU_SHARD_OPTIMIZER",
+    "SEXPGPU_CACHE",
 )
 NODE_GRADIENT_DTYPES: tuple[str, ...] = ("bf16", "f32")
 # DESIGN.md: a node that has not arrived after 300 s stops the run.
@@ -331,6 +336,21 @@ def shard_setting(environ: Mapping[str, str]) -> bool | None:
         hint="SEXPGPU_SHARD_OPTIMIZER=1 keeps each rank's shard of the optimizer state alone, "
         "0 the whole state on every rank; unset it to let the memory plan choose",
     )
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path | None:
+    """Where compiled steps and remembered choices are kept; None with ``SEXPGPU_CACHE=0``.
+
+    ``SEXPGPU_CACHE`` names the folder; unset (or ``1``) it is
+    ``$XDG_CACHE_HOME/sexpgpu``, ``~/.cache/sexpgpu`` without ``XDG_CACHE_HOME``.
+    """
+    text = environ.get("SEXPGPU_CACHE", "").strip()
+    if text == "0":
+        return None
+    if text and text != "1":
+        return Path(text).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sexpgpu"
 
 
 def _positive_int(text: str) -> int | None:

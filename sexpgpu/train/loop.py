@@ -107,6 +107,9 @@ class Trainer:
     shard_optimizer
         Whether each rank keeps the optimizer state of its shard alone
         (`sexpgpu.devices.shard`; the plan's choice, or ``SEXPGPU_SHARD_OPTIMIZER``).
+    started
+        ``time.perf_counter()`` when the run's preparation began: the first
+        step's ``runtime/first_step_s`` counts from it (None: not recorded).
 
     Attributes
     ----------
@@ -139,8 +142,10 @@ class Trainer:
         record: Mapping[str, Any] | None = None,
         announce: Callable[[str], None] | None = None,
         shard_optimizer: bool = False,
+        started: float | None = None,
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
+        self.started = started
         self.runtime = runtime or RuntimeConfig()
         self.run_dir = Path(run_dir)
         self.hash = experiment_hash
@@ -264,6 +269,7 @@ class Trainer:
             sets=self.sets,
             init=self.init,
             shard=self.shard_optimizer,
+            started=self.started,
         )
 
     def _open_folder(self) -> RunClaim:

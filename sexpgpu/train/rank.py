@@ -98,6 +98,10 @@ class RunContext:
     shard
         Whether each rank keeps the optimizer state of its shard alone
         (`sexpgpu.devices.shard`): checkpoints gather it on rank 0.
+    started
+        ``time.perf_counter()`` when the run's preparation began (the
+        command's start): the first step's ``runtime/first_step_s`` counts
+        from it. None: not recorded.
     """
 
     settings: RunSettings
@@ -117,6 +121,7 @@ class RunContext:
     sets: Mapping[str, Any] = field(default_factory=dict)
     init: Mapping[str, np.ndarray] | None = None
     shard: bool = False
+    started: float | None = None
 
 
 def carry_key(node: int) -> str:
@@ -166,6 +171,7 @@ class RankLoop:
         self.schedule = make_schedule(s.schedule, s.optimizer.options["lr"], s.steps)
         self.diagnostics = self._diagnostics()
         self.peak, self.per_s = 0, 0.0  # the run's highest peak_bytes; the last tokens/s
+        self._first: float | None = None  # seconds from the run's start to its first step's end
         self.last: dict[str, float | None] = {
             "loss": None,
             "eval_loss": None,
@@ -362,6 +368,9 @@ class RankLoop:
         w(step, "train/step_time_s", elapsed)
         w(step, "train/tokens_per_s", per_s)
         w(step, "runtime/peak_bytes", extras["peak"])
+        first = self._first_step_s(step)
+        if first is not None:  # compiling and loading included: what a user waits
+            w(step, "runtime/first_step_s", first)
         for line in extras["events"]:
             self.metrics.annotate(step, line)
         for name, value in extras["diagnostics"].items():
@@ -407,7 +416,17 @@ class RankLoop:
             eval_accuracy=self.last["eval_accuracy"],
             eval_step=self.last["eval_step"],
             unit=self.loader.item_unit,
+            first_step_s=self._first_step_s(step),
         )
+
+    def _first_step_s(self, step: int) -> float | None:
+        """Seconds from the run's start to the end of its first step, at that step; else None."""
+        started = self.run_ctx.started
+        if started is None or step != self.start + 1:
+            return None
+        if self._first is None:
+            self._first = time.perf_counter() - started
+        return self._first
 
     def _peak_line(self) -> str | None:
         plan = self.run_ctx.plan

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ def prepare_run(
     storage_options: Mapping[str, Any] | None = None,
     init_from: str | Path | None = None,
     log: Sequence[str] = (),
+    started: float | None = None,
 ) -> Trainer:
     """Load, check and compile a run of an experiment file; return its `Trainer`.
 
@@ -84,7 +86,11 @@ def prepare_run(
         starts from (`sexpgpu.train.hf.read_hf`).
     log
         ``--log``: loggers mirroring the metrics, beside the run's ``:log``.
+    started
+        ``time.perf_counter()`` when the command began (default: now): the
+        run records its first step's ``runtime/first_step_s`` from it.
     """
+    started = time.perf_counter() if started is None else started
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import check_plan
     from sexpgpu.devices.optim import moment_count
@@ -154,6 +160,7 @@ def prepare_run(
         init=init,
         record=record,
         shard_optimizer=shards > 1,
+        started=started,
     )
 
 

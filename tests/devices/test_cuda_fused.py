@@ -276,6 +276,7 @@ def test_a_part_no_worker_compiled_is_compiled_here(monkeypatch):
     params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
     examples = {**_feeds(graph, 1), **params}
     pool = parallel_compile.CompilePool(2)
+    pool.start()
     for proc in pool._procs:  # workers that die before they are ready
         proc.kill()
     try:

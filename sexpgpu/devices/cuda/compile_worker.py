@@ -84,10 +84,18 @@ def pack_graph(gm: Any) -> bytes:
 
 
 def unpack_graph(data: bytes) -> Any:
-    """The ``GraphModule`` of `pack_graph`'s bytes, node for node."""
+    """The ``GraphModule`` of `pack_graph`'s bytes, node for node.
+
+    A module it calls (a split step's part) is an empty stand-in: whoever
+    runs the graph holds the parts' compiled code.
+    """
     import torch
 
     nodes, constants = pickle.loads(data)
+    root = dict(constants)
+    for op, _, target, _, _ in nodes:
+        if op == "call_module":
+            root[target] = torch.nn.Module()
     graph = torch.fx.Graph()
     made: dict[str, Any] = {}
 
@@ -108,7 +116,7 @@ def unpack_graph(data: bytes) -> Any:
             graph.output(resolve(args[0]))
             continue
         made[name] = graph.create_node(op, target, resolve(args), resolve(kwargs), name=name)
-    return torch.fx.GraphModule(constants, graph)
+    return torch.fx.GraphModule(root, graph)
 
 
 def settings() -> dict[str, Any]:

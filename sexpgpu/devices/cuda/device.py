@@ -73,6 +73,9 @@ class CudaDevice:
     deterministic
         Whether runs repeat bit for bit (`sexpgpu.devices.cuda.process`);
         None reads ``SEXPGPU_DETERMINISTIC``, unset: the device's default.
+
+    The compile cache (`sexpgpu.devices.cuda.compile_cache`) is the folder
+    ``SEXPGPU_CACHE`` or ``XDG_CACHE_HOME`` names, read when it opens.
     """
 
     name = "cuda"
@@ -84,6 +87,7 @@ class CudaDevice:
         fuse: bool | None = None,
         deterministic: bool | None = None,
     ) -> None:
+        from sexpgpu.devices.cuda.compile_cache import open_cache
         from sexpgpu.runtime.config import deterministic_setting
 
         self.torch = import_torch()
@@ -102,6 +106,8 @@ class CudaDevice:
             open_settings(self.deterministic)
         else:  # PyTorch's CPU device sums in one order every run
             self.deterministic = True
+        # Compiled steps kept between runs; Inductor's and Triton's caches go there too.
+        self.cache = open_cache(os.environ) if self.fuse else None
 
     # -- plan and report ----------------------------------------------------------------
 
@@ -223,7 +229,11 @@ class CudaDevice:
     def _compile(self, plan: CudaPlan, device: Any) -> FusedGraph | str:
         """`plan.stacked` compiled for `device`, or why it cannot be."""
         return fused_graph(
-            plan.stacked, device, self.torch, overwrite=plan.choice.degree == plan.microbatches
+            plan.stacked,
+            device,
+            self.torch,
+            overwrite=plan.choice.degree == plan.microbatches,
+            cache=self.cache,
         )
 
     # -- load -----------------------------------------------------------------------------

@@ -20,7 +20,10 @@ The way through, once per graph (decided by measurement, docs/devices.md):
 4. **compile**: ``torch._inductor.compile`` fuses the elementwise and
    reduction regions into generated Triton kernels (C++ on the CPU) and
    calls cuBLAS and SDPA for the rest; with a pool of compile workers, in a
-   few parts at once (`sexpgpu.devices.cuda.parallel_compile`).
+   few parts at once (`sexpgpu.devices.cuda.parallel_compile`). What the
+   trace made is kept in the compile cache (`sexpgpu.devices.cuda.compile_cache`):
+   a later run of the same step skips steps 1 to 3 and finds Inductor's
+   code in its cache, and the report says ``(cached)``.
 5. **capture**: on a GPU the second call is captured as a CUDA graph over
    static input buffers, and every later call copies its batch in and
    replays it: one launch for the whole call.
@@ -45,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sexpgpu.devices.cuda.compile_cache import StepCache, step_key
 from sexpgpu.devices.cuda.compile_worker import (
     compile_part,
     input_metadata,
@@ -68,6 +72,7 @@ from sexpgpu.devices.cuda.replay import Replay
 from sexpgpu.ir.node import Graph, Node
 from sexpgpu.ir.numpy_fused import check_ids
 from sexpgpu.ir.ops import Op
+from sexpgpu.ir.printer import format_graph
 from sexpgpu.runtime.memory import call_peak_bytes
 
 __all__ = ["FusedGraph", "Kernel", "NotFusable"]
@@ -127,7 +132,11 @@ class FusedGraph:
         no zeroing, and the backward's last kernels read nothing back.
     pool
         Worker processes that compile parts of the step at once
-        (`sexpgpu.devices.cuda.parallel_compile`); None compiles it here, whole.
+        (`sexpgpu.devices.cuda.parallel_compile`), started only where the
+        cache misses; None compiles it here, whole.
+    cache
+        Where traced steps are kept (`sexpgpu.devices.cuda.compile_cache`);
+        None traces and compiles every time.
 
     Raises
     ------
@@ -144,11 +153,13 @@ class FusedGraph:
         examples: Mapping[str, Any],
         overwrite: bool = False,
         pool: CompilePool | None = None,
+        cache: StepCache | None = None,
     ) -> None:
         self.device = torch.device(device)
         self._pool = pool if pool is not None and pool.size else None
         self.parts = 1  # how many parts Inductor compiled the step in
         self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
+        self.cached = False  # whether the step came from the compile cache
         self.overwrite = overwrite
         self.eager = TorchGraph(graph, self.device)
         self.graph = self.eager.graph  # decomposed where the lowering has no kernel
@@ -161,7 +172,7 @@ class FusedGraph:
         self.copied: list[str] = []  # the parameters read from their bf16 copies
         self.kernels: list[Kernel] = []
         with _COMPILING:
-            self._compiled = self._compile(examples)
+            self._compiled = self._compile(examples, cache)
         self._replay = Replay(self.device, "fused step")
         self._static: list[torch.Tensor] = []  # the inputs a capture reads, refilled per call
         self.calls = 0
@@ -241,19 +252,51 @@ class FusedGraph:
                 buffer.add_(out[name])
         return tuple(out[name] for name in self.returned)
 
-    def _compile(self, examples: Mapping[str, Any]) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.fx.experimental.proxy_tensor import make_fx
-
+    def _compile(self, examples: Mapping[str, Any], cache: StepCache | None) -> Any:
         for node, source in self._ids.items():
             if source is None:
                 raise NotFusable("ids computed inside the graph are checked only when run eagerly")
             if source.op in _MADE_ONCE:  # known now: checked once, here
                 check_ids(node, self.eager.constant(source).cpu().numpy(), _id_range(node))
         self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
+        options = {**_provenance(), **inductor_options()}
+        key = None
+        if cache is not None:
+            key = step_key(
+                format_graph(self.graph, spans=False),
+                self.device,
+                sums=self.sums,
+                overwrite=self.overwrite,
+                options=options,
+                settings=settings(),
+            )
+            entry = cache.load(key)
+            if entry is not None:
+                loaded = self._load(entry, options)
+                if loaded is not None:
+                    return loaded
+        if self._pool is not None:
+            self._pool.start()  # their imports overlap the trace
+        began = time.perf_counter()
+        gm = self._trace(examples)
+        traced = time.perf_counter()
+        try:
+            compiled, graphs = self._inductor(gm, options)
+        except Exception as error:  # Inductor's own failures carry no stable type
+            raise NotFusable(f"Inductor failed: {type(error).__name__}: {error}") from error
+        # Where the first step's wait goes: the report prints it.
+        self.seconds = (traced - began, time.perf_counter() - traced)
+        if cache is not None:
+            cache.save(key, self._entry(graphs))
+        return compiled
+
+    def _trace(self, examples: Mapping[str, Any]) -> torch.fx.GraphModule:
+        """The step as aten calls named after the IR, rewritten (the module docstring's 1 to 3)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+
         flat = self._flat(examples, self.zero_buffers())
         self._marks: list[tuple[int, int]] = []
-        began = time.perf_counter()
         # One fake-tensor mode for the trace's metadata: make_fx otherwise makes
         # a new one (and records its stack) for every value: 0.6 s of a 5 s trace.
         context = torch._guards.TracingContext(FakeTensorMode(allow_fallback_kernels=True))
@@ -271,24 +314,16 @@ class FusedGraph:
         first = len(self.inputs)
         copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])
         self.copied = [self.params[i] for i in copied]
-        leaves = first + len(self.params)
-        copies = ParamCopies().current([flat[first + i] for i in copied])
-        flat = [*flat[:leaves], *copies, *flat[leaves:]]  # as `_flat` orders them
-        traced = time.perf_counter()
-        try:
-            compiled = self._inductor(gm, flat)
-        except Exception as error:  # Inductor's own failures carry no stable type
-            raise NotFusable(f"Inductor failed: {type(error).__name__}: {error}") from error
-        # Where the first step's wait goes: the report prints it.
-        self.seconds = (traced - began, time.perf_counter() - traced)
-        return compiled
+        return gm
 
-    def _inductor(self, gm: torch.fx.GraphModule, flat: list) -> Any:
+    def _inductor(self, gm: torch.fx.GraphModule, options: dict) -> tuple[Any, dict[str, Any]]:
         """Inductor's compile of the traced step, in parts over the pool's workers where it has any.
 
         Sets `kernels` from each compile's provenance, in launch order.
+        Returns the compiled call and the graphs compiled, as `pack_graph`
+        bytes (what the cache keeps): ``graphs`` [(bytes, inputs)], and for
+        a split step its ``parent`` and the parts' ``names``.
         """
-        options = {**_provenance(), **inductor_options()}
         if self._pool is not None:
             try:  # on a copy: the split rewrites its graph
                 parted = self._compile_parts(copy.deepcopy(gm), options)
@@ -297,12 +332,17 @@ class FusedGraph:
                 parted = None
             if parted is not None:
                 return parted
-        with torch._inductor.config.patch(options):
-            compiled = torch._inductor.compile(gm, flat)
+        # Compiled as unpacked from its bytes, as a later run compiles it from the
+        # cache: so that run meets this one's entry in Inductor's cache.
+        packed = pack_graph(gm)
+        inputs = input_metadata(gm)
+        compiled = compile_part(unpack_graph(packed), inputs, str(self.device), options)
         self.kernels = self._kernel_map(compiled)
-        return compiled
+        return compiled, {"graphs": [(packed, inputs)], "parent": None, "names": []}
 
-    def _compile_parts(self, gm: torch.fx.GraphModule, options: dict) -> PartedCall | None:
+    def _compile_parts(
+        self, gm: torch.fx.GraphModule, options: dict
+    ) -> tuple[PartedCall, dict[str, Any]] | None:
         """The step split into parts, compiled by the pool's workers and loaded here, or None."""
         from torch._dynamo.utils import counters
 
@@ -338,7 +378,50 @@ class FusedGraph:
         self.kernels = [k for i in range(len(names)) for k in by_part[i]]
         self.parts = len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
-        return PartedCall(parent, compiled)
+        graphs = [(job["graph"], job["inputs"]) for job in jobs]
+        kept = {"graphs": graphs, "parent": pack_graph(parent), "names": names}
+        return PartedCall(parent, compiled), kept
+
+    def _entry(self, graphs: dict[str, Any]) -> dict[str, Any]:
+        """What the cache keeps of a compiled step: its graphs and what the trace decided."""
+        position = {id(node): i for i, node in enumerate(self.eager.order)}
+        kernels = [(k.name, [position[id(n)] for n in k.nodes], k.sums) for k in self.kernels]
+        rewrites = (self.gelu_products, self.sum_products)
+        return {**graphs, "copied": self.copied, "kernels": kernels, "rewrites": rewrites}
+
+    def _load(self, entry: dict[str, Any], options: dict) -> Any | None:
+        """The step compiled from a cache entry (Inductor's cache serves the code), or None.
+
+        None where the entry does not fit this graph or Inductor fails on it:
+        the caller then traces and compiles as if there were none.
+        """
+        began = time.perf_counter()
+        device = str(self.device)
+        try:
+            order = self.eager.order
+            kernels = [
+                Kernel(n, [order[i] for i in nodes], sums) for n, nodes, sums in entry["kernels"]
+            ]
+            compiled = [
+                compile_part(unpack_graph(graph), inputs, device, options)
+                for graph, inputs in entry["graphs"]
+            ]
+            if entry["parent"] is not None:
+                call = PartedCall(
+                    unpack_graph(entry["parent"]), dict(zip(entry["names"], compiled, strict=True))
+                )
+            else:
+                (call,) = compiled
+        except Exception as error:  # an entry of another layout, or a failure of the libraries
+            log.warning("compile cache: the entry did not load (%s); compiling again", error)
+            return None
+        self.kernels = kernels
+        self.copied = list(entry["copied"])
+        self.gelu_products, self.sum_products = entry["rewrites"]
+        self.parts = self.parts_cached = len(compiled)
+        self.cached = True
+        self.seconds = (0.0, time.perf_counter() - began)
+        return call
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
         """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.
@@ -474,10 +557,16 @@ class FusedGraph:
 
     # ------------------------------------------------------------ report
 
-    def _parts_text(self) -> str:
-        if self.parts == 1:
-            return ""
-        return f" in {self.parts} parts, {self.parts_cached} of them by compile workers"
+    def _compile_text(self) -> str:
+        """How the step was made: traced and compiled, or loaded from the compile cache."""
+        load_s = self.seconds[1]
+        if self.cached:
+            parts = f" in {self.parts} parts" if self.parts > 1 else ""
+            return f"loaded from the compile cache in {load_s:.1f} s{parts}"
+        text = f"traced in {self.seconds[0]:.1f} s, compiled in {load_s:.1f} s"
+        if self.parts > 1:
+            text += f" in {self.parts} parts, {self.parts_cached} of them by compile workers"
+        return text
 
     def report_lines(self) -> list[str]:
         """``kernel x12 triton_poi_fused_add_gelu_7 <- add, gelu (gpt.lisp:31)``, repeats folded."""
@@ -488,11 +577,10 @@ class FusedGraph:
             family = kernel.name.rstrip("0123456789").rstrip("_")
             folded[(family, forms)] += 1
             first.setdefault((family, forms), kernel.name)
-        trace_s, compile_s = self.seconds
         lines = [
-            f"fused: {len(self.kernels)} kernels (Inductor; traced in {trace_s:.1f} s, "
-            f"compiled in {compile_s:.1f} s{self._parts_text()}), "
+            f"fused: {len(self.kernels)} kernels (Inductor; {self._compile_text()}), "
             f"{'no CUDA graph ' + self.no_capture if self.no_capture else 'CUDA graph'}"
+            + (" (cached)" if self.cached else "")
         ]
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")

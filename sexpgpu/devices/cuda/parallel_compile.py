@@ -6,8 +6,9 @@ cache lets a graph compiled in one process load in another, so the traced
 step is cut at a few points into contiguous parts (`split`), each part is
 compiled by a worker process (`sexpgpu.devices.cuda.compile_worker`) into
 the cache this process reads, all at once, and each part is then compiled
-here, where it is a cache hit. The workers start with the plan (their
-imports overlap the trace) and stop once the plan is made.
+here, where it is a cache hit. The workers start when a step misses the
+compile cache (`sexpgpu.devices.cuda.compile_cache`), before its trace, so
+that their imports overlap it, and stop once the plan is made.
 
 A cut costs the fusions across it: the values that cross are materialized
 (most are anyway: activations kept for the backward, gradients), so the
@@ -60,7 +61,8 @@ def compile_workers(enabled: bool, nodes: int) -> int:
 
 
 class CompilePool:
-    """Worker processes that compile graph parts; started early, used once, then stopped.
+    """Worker processes that compile graph parts; started when a step misses the cache,
+    used once, then stopped.
 
     Parameters
     ----------
@@ -69,12 +71,21 @@ class CompilePool:
     """
 
     def __init__(self, workers: int) -> None:
-        env = dict(os.environ)
-        # Each worker's Triton compiles share the host's cores with the others'.
-        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+        self._workers = workers
         self._procs: list[subprocess.Popen] = []
+        self._started = False
         self._ready: set[int] = set()  # the workers whose "ready" has been read
-        for _ in range(workers):
+
+    def start(self) -> None:
+        """Start the workers (once): their imports then overlap the caller's trace."""
+        if self._started:
+            return
+        self._started = True
+        env = dict(os.environ)  # the compile cache's folders included (compile_cache.py)
+        # Each worker's Triton compiles share the host's cores with the others'.
+        threads = max(1, (os.cpu_count() or 1) // max(1, self._workers))
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+        for _ in range(self._workers):
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "sexpgpu.devices.cuda.compile_worker"],
@@ -90,7 +101,8 @@ class CompilePool:
 
     @property
     def size(self) -> int:
-        return len(self._procs)
+        """The workers asked for, until started; then those running."""
+        return len(self._procs) if self._started else self._workers
 
     def compile(self, jobs: Sequence[dict[str, Any]]) -> Iterator[tuple[int, str | None]]:
         """Start each job in a worker of its own; ``(job, None or why it failed)`` as each ends.
@@ -100,6 +112,7 @@ class CompilePool:
         that takes longer than `JOB_TIMEOUT` is stopped, and its part is
         left to the caller, as are the jobs beyond the workers.
         """
+        self.start()
         ended: queue.Queue[tuple[int, str | None]] = queue.Queue()
 
         def run(i: int, proc: subprocess.Popen) -> None:
@@ -151,6 +164,7 @@ class CompilePool:
             proc.kill()
             proc.wait()
         self._procs = []
+        self._started = True  # a closed pool starts no workers
 
 
 def _sums_in_layout(gm: Any) -> list[Any]:

@@ -27,6 +27,7 @@ from sexpgpu.ir.recompute import Recomputation, fit
 from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
+    from sexpgpu.devices.cuda.compile_cache import StepCache
     from sexpgpu.devices.cuda.device import CudaDevice
     from sexpgpu.devices.cuda.fused import FusedGraph
     from sexpgpu.devices.cuda.stacking import Choice
@@ -220,6 +221,7 @@ class Planner:
                 # A step of one call writes its sums (nothing to zero, nothing read back).
                 overwrite=degree == self.per_rank,
                 pool=self.pool,
+                cache=self.device.cache,
             )
         return self._fused[degree]
 
@@ -309,6 +311,7 @@ def fused_graph(
     *,
     overwrite: bool,
     pool: CompilePool | None = None,
+    cache: StepCache | None = None,
 ) -> FusedGraph | str:
     """`graph` compiled for `device` summing into its buffers, or why it cannot be."""
     from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
@@ -321,6 +324,7 @@ def fused_graph(
             examples=_zero_feeds(graph, torch, device),
             overwrite=overwrite,
             pool=pool,
+            cache=cache,
         )
     except NotFusable as why:
         return str(why)

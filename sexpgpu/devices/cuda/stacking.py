@@ -6,8 +6,9 @@ graph, so a rank's ``n`` microbatches take ``n / d`` calls (``d`` divides
 
 1. the only one that fits;
 2. an earlier measurement of the same graph on the same device, remembered
-   in ``$XDG_CACHE_HOME/sexpgpu/choices.json`` (``~/.cache`` by default;
-   delete the file to measure again);
+   in ``choices.json`` in the cache's folder (``$XDG_CACHE_HOME/sexpgpu``,
+   ``~/.cache/sexpgpu`` by default, or ``SEXPGPU_CACHE``; delete the file to
+   measure again);
 3. the cost model's pick, when its best prediction beats every other by
    more than 5%;
 4. otherwise a measurement at the first step of the degrees the model could
@@ -28,10 +29,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sexpgpu.runtime.config import cache_dir
 
 __all__ = ["MARGIN", "Choice", "CostModel", "choices_path", "choose", "degrees", "graph_key"]
 
@@ -84,10 +88,13 @@ def degrees(per_rank: int) -> list[int]:
 
 
 def choices_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where measured choices are remembered (``XDG_CACHE_HOME`` honoured)."""
+    """Where measured choices are remembered: the cache's folder (`cache_dir`).
+
+    With the cache off (``SEXPGPU_CACHE=0``) the choices stay in the default folder.
+    """
     env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sexpgpu" / "choices.json"
+    folder = cache_dir(env) or cache_dir({k: v for k, v in env.items() if k != "SEXPGPU_CACHE"})
+    return folder / "choices.json"
 
 
 def graph_key(graph_text: str, device: str, per_rank: int) -> str:
@@ -114,7 +121,8 @@ def _remember(path: Path, key: str, entry: dict[str, Any]) -> None:
     table[key] = entry
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".tmp")
+        # A name of its own: runs that remember at once never write one file.
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         partial.write_text(json.dumps(table, indent=1, sort_keys=True))
         partial.replace(path)
     except OSError:

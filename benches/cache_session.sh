@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The compile cache on a GPU: `sexpgpu run examples/gpt.lisp` at full size (GPT-2 small,
+# batch 8 x 8 microbatches, bf16) twice on cuda with a fresh, empty cache; the first run
+# traces and compiles its step, the second must load it ("(cached)") and reach its first
+# step within 5 s. Then, optionally, the cold first step against torch.compile's.
+# Logs under $OUT. Run from the repository root:
+#   bash benches/cache_session.sh [runs|compare]...   (default: runs)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/sexpgpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+parts=${*:-runs}
+STEPS=${STEPS:-2}
+# DEVICE=cpu ARGS="--variant smoke" checks the script itself on a machine without a GPU.
+DEVICE=${DEVICE:-cuda}
+ARGS=${ARGS:-}
+# The cache lives outside $OUT (Inductor's and Triton's files run to hundreds of MB);
+# its size is logged.
+CACHE=${CACHE:-/tmp/sexpgpu-cache-session}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
+
+# One run: wall seconds from the shell to its first-step line, and what the run recorded.
+one_run() {
+  local name=$1 log="$OUT/cache_$1.log" began
+  began=$(date +%s.%N)
+  XDG_CACHE_HOME=$CACHE SEXPGPU_DEVICE=$DEVICE python3 -m sexpgpu run examples/gpt.lisp $ARGS \
+    --steps "$STEPS" --out "/tmp/cache-session-$name" 2>&1 | while IFS= read -r line; do
+      printf '%s\n' "$line" >> "$log"
+      case $line in "first step after"*)
+        echo "$name: $line; $(python3 -c "import sys, time; print(f'{time.time() - float(sys.argv[1]):.1f} s from the shell')" "$began")" ;;
+      esac
+    done
+  grep -E "^(fused:|stacking|memory: peak|done:)" "$log" | sed "s/^/$name: /"
+  python3 - "/tmp/cache-session-$name" "$name" <<'EOF'
+import sys
+from sexpgpu.train.metrics import read_series
+loss = read_series(sys.argv[1], "train/loss")
+first = read_series(sys.argv[1], "runtime/first_step_s")
+print(f"{sys.argv[2]}: runtime/first_step_s {first}, losses {[loss[s] for s in sorted(loss)]}")
+EOF
+}
+
+for part in $parts; do
+  case $part in
+  runs)
+    unset SEXPGPU_CACHE
+    rm -rf "$CACHE" /tmp/cache-session-cold /tmp/cache-session-warm
+    one_run cold
+    one_run warm
+    grep -q "(cached)" "$OUT/cache_warm.log" && echo "warm: the step came from the cache" \
+      || echo "warm: NOT from the cache"
+    du -sh "$CACHE"/* 2>/dev/null ;;
+  compare)
+    # Cold first steps, each side with empty caches of its own (benches/gpt2_cuda.py's).
+    timeout ${BENCH_TIMEOUT:-590} python3 benches/gpt2_cuda.py --batches 16 \
+      --sides sexpgpu compile > "$OUT/cache_compare.log" 2>&1
+    tail -8 "$OUT/cache_compare.log" ;;
+  esac
+done

@@ -1,0 +1,199 @@
+"""The compiled-step cache: a training step compiled once on a machine loads at the next run.
+
+A cold step costs our trace of the IR to aten calls, Inductor's compile
+and Triton's (tens of seconds for GPT-2 small). The cache keeps both sides
+in one folder (`sexpgpu.runtime.config.cache_dir`: ``$XDG_CACHE_HOME/sexpgpu``,
+``SEXPGPU_CACHE``):
+
+- ``steps/<key>.step``: our entry for a traced step (`StepCache`): the
+  rewritten aten graph as `sexpgpu.devices.cuda.compile_worker.pack_graph`
+  bytes (or the split step's parts and how they connect), its inputs'
+  metadata, and what the trace decided (parameters read from bf16 copies,
+  the kernels' IR nodes). A run that finds it skips the trace;
+- ``inductor/`` and ``triton/``: Inductor's FX graph and AOTAutograd
+  caches and Triton's kernels (``TORCHINDUCTOR_CACHE_DIR`` and
+  ``TRITON_CACHE_DIR``, pointed here when the device opens). Compiling the
+  entry's graph again is a hit there: the generated code is loaded, not
+  generated.
+
+The key (`step_key`) is a digest of what the trace depends on: the graph's
+text after the variant and stacking (no spans), its outputs summed and how,
+the device and its capability, the libraries' versions, sexpgpu's own
+sources, and the process settings that change the numerics. Nothing in it
+is timed, so equal keys give the same kernels and the same bits.
+
+Entries are written to a file of their own and renamed into place, so runs
+that share the folder never see half an entry; each holds a digest of its
+contents, and an entry that fails it (cut short, overwritten) is ignored
+and compiled again. Deleting the folder costs a compile, nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import pickle
+import platform
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FORMAT", "StepCache", "open_cache", "step_key"]
+
+log = logging.getLogger(__name__)
+
+# Bumped when an entry's layout changes: older entries are then simply not found.
+FORMAT = 1
+_MAGIC = b"sexpgpu-step\n"
+
+
+class StepCache:
+    """The traced steps kept in `root` (``root/steps``); the libraries' caches live beside.
+
+    Parameters
+    ----------
+    root
+        The cache's folder; made when the first entry is saved.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def inductor_dir(self) -> Path:
+        return self.root / "inductor"
+
+    @property
+    def triton_dir(self) -> Path:
+        return self.root / "triton"
+
+    def _path(self, key: str) -> Path:
+        return self.root / "steps" / f"{key}.step"
+
+    def load(self, key: str) -> dict[str, Any] | None:
+        """The entry saved under `key`, or None: absent, damaged, or of another format."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        head = len(_MAGIC) + 64
+        digest = data[len(_MAGIC) : head].decode("ascii", "replace")
+        body = data[head:]
+        if not data.startswith(_MAGIC) or hashlib.sha256(body).hexdigest() != digest:
+            log.warning("compile cache: %s is damaged; the step compiles again", path)
+            return None
+        try:
+            entry = pickle.loads(body)
+        except Exception as error:  # a pickle of another version's classes, say
+            log.warning("compile cache: %s does not load (%s); compiling again", path, error)
+            return None
+        if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+            return None
+        return entry
+
+    def save(self, key: str, entry: Mapping[str, Any]) -> None:
+        """Keep `entry` under `key`: whole or not at all, whatever other runs do at once."""
+        path = self._path(key)
+        body = pickle.dumps({**entry, "format": FORMAT}, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _MAGIC + hashlib.sha256(body).hexdigest().encode("ascii") + body
+        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_bytes(data)
+            os.replace(partial, path)
+        except OSError as error:  # a cache that cannot be written costs a compile next time
+            log.warning("compile cache: %s not saved (%s)", path, error)
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+
+
+def open_cache(environ: Mapping[str, str]) -> StepCache | None:
+    """The cache `environ` names (None: ``SEXPGPU_CACHE=0``), with Inductor's and Triton's in it.
+
+    The libraries read their folders from the environment when they first
+    compile, and compile workers inherit it: so it is set here, when the
+    device opens, before either has run.
+    """
+    from sexpgpu.runtime.config import cache_dir
+
+    root = cache_dir(environ)
+    if root is None:
+        return None
+    cache = StepCache(root)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache.inductor_dir)
+    os.environ["TRITON_CACHE_DIR"] = str(cache.triton_dir)
+    return cache
+
+
+def step_key(
+    graph_text: str,
+    device: Any,
+    *,
+    sums: tuple[str, ...],
+    overwrite: bool,
+    options: Mapping[str, Any],
+    settings: Mapping[str, Any],
+) -> str:
+    """The digest that names a traced step's entry (see the module docstring)."""
+    material = {
+        "graph": hashlib.sha256(graph_text.encode()).hexdigest(),
+        "sums": list(sums),
+        "overwrite": overwrite,
+        "options": {k: repr(v) for k, v in sorted(options.items())},
+        "settings": {k: repr(v) for k, v in sorted(settings.items())},
+        "device": _device_facts(device),
+        "versions": _versions(),
+    }
+    text = json.dumps(material, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _device_facts(device: Any) -> dict[str, Any]:
+    """The device as the trace sees it: its index too (the graph's calls name it)."""
+    import torch
+
+    facts: dict[str, Any] = {"device": str(device), "machine": platform.machine()}
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        facts["name"] = torch.cuda.get_device_name(index)
+        facts["capability"] = list(torch.cuda.get_device_capability(index))
+    return facts
+
+
+@functools.cache
+def _versions() -> dict[str, Any]:
+    """The libraries' versions and a digest of sexpgpu's sources (they change unversioned)."""
+    import torch
+
+    import sexpgpu
+
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": list(sys.version_info[:3]),
+        "sexpgpu": sexpgpu.__version__,
+        "sources": _sources_digest(Path(sexpgpu.__file__).parent),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "triton": triton,
+    }
+
+
+def _sources_digest(package: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

@@ -1,0 +1,237 @@
+"""The compile cache (`sexpgpu.devices.cuda.compile_cache`): a second run loads its step.
+
+The end-to-end tests run the cuda lowering on PyTorch's CPU device, where
+Inductor compiles C++: the first run traces and compiles, the second loads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from device_seam import device_named
+
+from sexpgpu.runtime.config import cache_dir
+
+torch = pytest.importorskip("torch")
+
+from sexpgpu.devices.cuda.compile_cache import StepCache, open_cache, step_key  # noqa: E402
+from sexpgpu.devices.cuda.device import CudaDevice  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NEEDS_CXX = pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler for Inductor")
+
+MLP = """
+(defdata digits (digits) :split 0.9)
+(defmodel mlp (x) (-> x (linear 32) gelu (linear 10)))
+(defrun train :model mlp :data digits :loss (cross-entropy (mlp x) y)
+  :optimizer (adamw :lr 1e-2) :batch 16 :microbatches 2 :steps 3 :seed 3)
+"""
+
+
+# ---------------------------------------------------------------- entries
+
+
+def test_an_entry_reads_back_as_saved(tmp_path: Path) -> None:
+    cache = StepCache(tmp_path / "c")
+    assert cache.load("k") is None  # nothing saved yet, nothing made
+    entry = {"graphs": [(b"\x00bytes", [((2, 3), (3, 1), torch.float32)])], "copied": ["w"]}
+    cache.save("k", entry)
+    assert cache.load("k") == {**entry, "format": 1}
+    assert sorted(p.name for p in (tmp_path / "c" / "steps").iterdir()) == ["k.step"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "flipped"])
+def test_a_damaged_entry_reads_as_none(tmp_path: Path, damage: str) -> None:
+    cache = StepCache(tmp_path)
+    cache.save("k", {"graphs": [(b"x" * 1000, [])]})
+    path = tmp_path / "steps" / "k.step"
+    data = path.read_bytes()
+    damaged = {
+        "truncated": data[: len(data) // 2],
+        "garbage": b"\x80\x04not an entry at all",
+        "empty": b"",
+        "flipped": data[:-10] + bytes([data[-10] ^ 1]) + data[-9:],
+    }[damage]
+    path.write_bytes(damaged)
+    assert cache.load("k") is None
+
+
+def test_an_entry_of_another_format_is_not_found(tmp_path: Path, monkeypatch) -> None:
+    from sexpgpu.devices.cuda import compile_cache
+
+    StepCache(tmp_path).save("k", {"graphs": []})
+    monkeypatch.setattr(compile_cache, "FORMAT", 2)
+    assert StepCache(tmp_path).load("k") is None
+
+
+def test_entries_saved_at_once_read_back_whole(tmp_path: Path) -> None:
+    cache = StepCache(tmp_path)
+    entries = [{"graphs": [(bytes([i]) * 200_000, [])]} for i in range(6)]
+    threads = [threading.Thread(target=cache.save, args=("k", e)) for e in entries]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    got = cache.load("k")
+    assert got is not None and {k: v for k, v in got.items() if k != "format"} in entries
+    assert [p.name for p in (tmp_path / "steps").iterdir()] == ["k.step"]  # no leftovers
+
+
+def test_an_unwritable_cache_costs_nothing_but_the_entry(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder would be")
+    cache = StepCache(blocked)
+    cache.save("k", {"graphs": []})  # logged, not raised
+    assert cache.load("k") is None
+
+
+def test_the_key_names_graph_sums_options_settings_and_device() -> None:
+    cpu = torch.device("cpu")
+
+    def key(graph="g", device=cpu, sums=("loss",), overwrite=False, options=None, settings=None):
+        return step_key(
+            graph,
+            device,
+            sums=sums,
+            overwrite=overwrite,
+            options=options or {},
+            settings=settings or {"deterministic": False},
+        )
+
+    base = key()
+    assert base == key()
+    others = [
+        key(graph="g2"),
+        key(sums=("loss", "grad/w")),
+        key(overwrite=True),
+        key(options={"deterministic": True}),
+        key(settings={"deterministic": True}),
+        key(device=torch.device("meta")),
+    ]
+    assert len({base, *others}) == len(others) + 1
+
+
+# ---------------------------------------------------------------- the folder
+
+
+def test_the_folder_follows_sexpgpu_cache_then_xdg(tmp_path: Path) -> None:
+    assert cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/sexpgpu")
+    assert cache_dir({}).parts[-2:] == (".cache", "sexpgpu")
+    assert cache_dir({"SEXPGPU_CACHE": "1", "XDG_CACHE_HOME": "/x"}) == Path("/x/sexpgpu")
+    assert cache_dir({"SEXPGPU_CACHE": str(tmp_path), "XDG_CACHE_HOME": "/x"}) == tmp_path
+    assert cache_dir({"SEXPGPU_CACHE": "0", "XDG_CACHE_HOME": "/x"}) is None
+
+
+def test_opening_points_inductor_and_triton_into_the_folder(tmp_path: Path, monkeypatch) -> None:
+    cache = open_cache({"SEXPGPU_CACHE": str(tmp_path)})
+    assert cache is not None and cache.root == tmp_path
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    assert open_cache({"SEXPGPU_CACHE": "0"}) is None
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"  # off: left as it was
+
+
+# ---------------------------------------------------------------- runs
+
+
+def _run(tmp_path: Path, name: str) -> tuple[list[float], list[str]]:
+    """A fused run of the MLP on PyTorch's CPU device: its losses and its fused report line."""
+    from sexpgpu.train import prepare_run
+    from sexpgpu.train.metrics import read_series
+
+    path = tmp_path / "mlp.lisp"
+    path.write_text(MLP)
+    with device_named("cpu", CudaDevice("cpu", fuse=True)):
+        trainer = prepare_run(path, out=tmp_path / name)
+    trainer.run()
+    losses = read_series(tmp_path / name, "train/loss")
+    assert list(read_series(tmp_path / name, "runtime/first_step_s")) == [1]
+    fused = [line for line in trainer.report if line.startswith("fused: ")]
+    return [losses[s] for s in sorted(losses)], fused
+
+
+@NEEDS_CXX
+def test_a_second_run_loads_its_step_from_the_cache_with_the_same_losses(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, (line,) = _run(tmp_path, "first")
+    assert "traced in" in line and not line.endswith("(cached)")
+    second, (again,) = _run(tmp_path, "second")
+    assert again.endswith("(cached)") and "loaded from the compile cache" in again
+    assert second == first  # bit for bit: the same kernels
+    assert len(list((tmp_path / "cache" / "steps").glob("*.step"))) == 1
+
+
+@NEEDS_CXX
+def test_a_damaged_entry_is_ignored_and_compiled_again(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, _ = _run(tmp_path, "first")
+    (path,) = (tmp_path / "cache" / "steps").glob("*.step")
+    path.write_bytes(path.read_bytes()[:100])  # cut short, as by a full disk
+    again, (line,) = _run(tmp_path, "again")
+    assert "traced in" in line and not line.endswith("(cached)")
+    assert again == first
+    assert StepCache(tmp_path / "cache").load(path.stem) is not None  # saved whole again
+
+
+@NEEDS_CXX
+def test_with_the_cache_off_nothing_is_kept(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SEXPGPU_CACHE", "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    _, (line,) = _run(tmp_path, "off")
+    assert not line.endswith("(cached)")
+    assert not (tmp_path / "xdg" / "sexpgpu" / "steps").exists()
+
+
+_CONCURRENT = """
+import sys
+from pathlib import Path
+from device_seam import device_named
+from sexpgpu.devices.cuda.device import CudaDevice
+from sexpgpu.train import prepare_run
+from sexpgpu.train.metrics import read_series
+
+with device_named("cpu", CudaDevice("cpu", fuse=True)):
+    trainer = prepare_run(Path(sys.argv[1]), out=sys.argv[2])
+trainer.run()
+losses = read_series(sys.argv[2], "train/loss")
+print(repr([losses[s] for s in sorted(losses)]))
+"""
+
+
+@pytest.mark.slow
+@NEEDS_CXX
+def test_two_runs_at_once_share_the_cache(tmp_path: Path) -> None:
+    path = tmp_path / "mlp.lisp"
+    path.write_text(MLP)
+    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+        "SEXPGPU_CACHE": str(tmp_path / "cache"),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CONCURRENT, str(path), str(tmp_path / f"run{i}")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [proc.communicate(timeout=500) for proc in procs]
+    for proc, (_, err) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    assert outs[0][0] == outs[1][0]
+    (entry,) = (tmp_path / "cache" / "steps").glob("*.step")
+    assert StepCache(tmp_path / "cache").load(entry.stem) is not None
+    assert not list((tmp_path / "cache" / "steps").glob("*.tmp"))

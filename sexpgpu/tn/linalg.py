@@ -16,6 +16,9 @@ __all__ = ["qr", "svd"]
 
 logger = logging.getLogger(__name__)
 
+# Columns per block LAPACK may use in the QR (its own choice is 32).
+_QR_BLOCK = 64
+
 
 def svd(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Thin SVD ``matrix = u @ diag(s) @ vh``, with fallbacks when LAPACK fails.
@@ -61,11 +64,14 @@ def qr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.linalg.qr(matrix)
     real = matrix.dtype.kind != "c"
     geqrf, ungqr = lapack.get_lapack_funcs(("geqrf", "orgqr" if real else "ungqr"), (matrix,))
-    factors, tau, _work, info = geqrf(matrix)
-    assert info == 0, f"geqrf: info={info}"
     k = min(matrix.shape)
+    # SciPy's default workspace (3n) makes LAPACK fall back to its unblocked
+    # code; room for a block of _QR_BLOCK columns keeps it blocked.
+    work = max(1, _QR_BLOCK * matrix.shape[1])
+    factors, tau, _work, info = geqrf(matrix, lwork=work)
+    assert info == 0, f"geqrf: info={info}"
     r = np.triu(factors[:k])
-    q, _work, info = ungqr(factors[:, :k], tau)
+    q, _work, info = ungqr(factors[:, :k], tau, lwork=max(1, _QR_BLOCK * k))
     assert info == 0, f"ungqr: info={info}"
     return q, r
 

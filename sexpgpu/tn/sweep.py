@@ -145,16 +145,24 @@ def _left_to_right(
         up, down = cores[0].shape[2], cores[-1].shape[3]
         omega = job.sketches.take(j, up, down)[lo:hi]
         omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)
-        out = xp.empty((cols, *(c.shape[1] for c in cores)), job.work)
 
         def per_piece(piece: tuple[Array, Array], cores: list[Array] = cores) -> Array:
             return env_step(xp, piece[0], piece[1], cores)
 
-        for a, b in row_blocks(cols, plan.env_tile):
+        blocks = row_blocks(cols, plan.env_tile)
+        out = None if len(blocks) == 1 else xp.empty((cols, *(c.shape[1] for c in cores)), job.work)
+        for a, b in blocks:
             part = run_with_split(
-                per_piece, (env[a:b], omega[a:b]), state, what=f"site {j}'s left-to-right product"
+                per_piece,
+                (env[a:b], omega[a:b]),
+                state,
+                xp.concat,
+                what=f"site {j}'s left-to-right product",
             )
-            xp.copy_into(out[a:b], part)
+            if out is None:  # one block: it is the environment, uncopied
+                out = part
+            else:
+                xp.copy_into(out[a:b], part)
             del part
         env = out
         store.put(j + 1, env)
@@ -276,14 +284,14 @@ def _rtl_step(
     held, parts = [], []
     for a, b in blocks:
         if plan.hold_z:
-            held.append(run_with_split(z_of, proj[a:b], state, what=what))
+            held.append(run_with_split(z_of, proj[a:b], state, xp.concat, what=what))
             parts.append(xp.dot(held[-1], env_t))
         else:
 
             def y_of(rows: Array) -> Array:
                 return xp.dot(z_of(rows), env_t)
 
-            parts.append(run_with_split(y_of, proj[a:b], state, what=what))
+            parts.append(run_with_split(y_of, proj[a:b], state, xp.concat, what=what))
     y_mine = xp.concat(parts)  # (e u d, s_r)
     del parts
     sketches = ctx.gather(y_mine, root=0)

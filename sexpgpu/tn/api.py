@@ -26,6 +26,7 @@ from .args import (
 from .engine import backends_for, execute
 from .exact import exact_two_sites
 from .interop import open_trains, quimb_kind
+from .merge import merge_thin_layers
 from .nodes import node_config, open_nodes, problem_key, shared_seed
 from .resources import Resources, resolve_host_budget
 from .sink import DatasetSink, check_out
@@ -127,6 +128,7 @@ def run_stack(call: StackCall) -> Any:
                 link.nodes,
             )
             if where == "cpu":
+                stack = merge_thin_layers(stack, work)
                 stack = trim_stack(stack, work, resolve_host_budget(res) // 4)
             result = execute(
                 fn,

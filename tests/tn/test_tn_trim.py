@@ -9,6 +9,7 @@ import pytest
 from tn_helpers import dense_stack, random_mpo
 
 from sexpgpu.tn import src
+from sexpgpu.tn.merge import merge_thin_layers
 from sexpgpu.tn.plan import cut_ranks
 from sexpgpu.tn.trains import normalize_stack
 from sexpgpu.tn.trim import trim_stack, trimmed_bonds
@@ -92,3 +93,49 @@ def test_a_non_finite_boundary_site_is_refused_before_trimming():
     sites[0][0, 0] = np.nan
     with pytest.raises(ValueError, match="site 0\\) holds 1 NaN"):
         src(sites, chi_out=4, seed=0)
+
+
+def test_thin_operator_layers_merge_into_one_with_the_same_product():
+    rng = np.random.default_rng(7)
+    u2, u1 = random_mpo(6, 4, rng, np.complex128), random_mpo(6, 4, rng, np.complex128)
+    psi = _uniform_mps(6, 3, rng)
+    stack = normalize_stack([u2, u1, psi], "src", ["a", "b", "c"])
+    merged = merge_thin_layers(stack, np.dtype(np.complex128))
+    assert [layer.kind for layer in merged.layers] == ["mpo", "mps"]
+    assert [s[1] for s in merged.shapes(2)] == [16, 3]
+    assert cut_ranks(merged) == cut_ranks(stack)
+    want = dense_stack([u2, u1, psi])
+    got = dense_stack(_stack_sites(merged))
+    np.testing.assert_allclose(got, want, atol=1e-12 * np.linalg.norm(want))
+
+
+def test_a_bra_of_thin_operators_merges_in_ket_form():
+    rng = np.random.default_rng(8)
+    phi, a1, a2 = _uniform_mps(5, 2, rng), random_mpo(5, 2, rng), random_mpo(5, 3, rng)
+    stack = normalize_stack([phi, a1, a2], "src", ["a", "b", "c"])  # phi^T A1 A2
+    merged = merge_thin_layers(stack, np.dtype(np.complex128))
+    assert len(merged.layers) == 2 and not merged.layers[0].transposed
+    sites = _stack_sites(merged)
+    # the merged ket-form operator is (A1 A2)^T
+    want = dense_stack([phi, a1, a2])
+    got = dense_stack([phi, [np.swapaxes(s, -2, -1) for s in sites[0]]])
+    np.testing.assert_allclose(got, want, atol=1e-12 * np.linalg.norm(want))
+
+
+def test_wide_operators_and_states_stay_separate():
+    rng = np.random.default_rng(9)
+    wide = normalize_stack([random_mpo(5, 8, rng), random_mpo(5, 4, rng)], "src", ["a", "b"])
+    assert merge_thin_layers(wide, np.dtype(np.float64)) is wide
+    mps = normalize_stack([random_mpo(5, 2, rng), _uniform_mps(5, 2, rng)], "src", ["a", "b"])
+    assert merge_thin_layers(mps, np.dtype(np.complex128)) is mps
+
+
+def test_a_merged_stack_compresses_as_the_separate_one():
+    rng = np.random.default_rng(10)
+    trains = [random_mpo(8, 2, rng), random_mpo(8, 3, rng), _uniform_mps(8, 6, rng)]
+    result = src(*trains, chi_out=6, seed=2)
+    stack = normalize_stack(trains, "src", ["a", "b", "c"])
+    merged = merge_thin_layers(stack, np.dtype(np.complex128))
+    twin = src(*_stack_sites(merged), chi_out=6, seed=2)
+    for x, y in zip(result, twin, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-10)

@@ -26,13 +26,12 @@ from .args import (
 from .engine import backends_for, execute
 from .exact import exact_two_sites
 from .interop import open_trains, quimb_kind
-from .merge import merge_thin_layers
 from .nodes import node_config, open_nodes, problem_key, shared_seed
-from .resources import Resources, resolve_host_budget
+from .resources import Resources
 from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
 from .trains import Stack, normalize_stack, unpad
-from .trim import trim_stack
+from .trim import prepare
 
 __all__ = ["StackCall", "StackOptions", "apply", "compress", "run_stack", "src"]
 
@@ -128,8 +127,7 @@ def run_stack(call: StackCall) -> Any:
                 link.nodes,
             )
             if where == "cpu":
-                stack = merge_thin_layers(stack, work)
-                stack = trim_stack(stack, work, resolve_host_budget(res) // 4)
+                stack = prepare(stack, work)
             result = execute(
                 fn,
                 stack,

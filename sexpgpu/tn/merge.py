@@ -11,7 +11,8 @@ into one MPO exactly, site by site (a few hundred numbers each)::
 
 so the chain makes one product with a wider inner dimension instead of two.
 The product, the bonds crossing each cut (their product), the sketches and
-hence the result for a seed stay the same (to rounding).
+hence the result for a seed stay the same (to rounding). `trim.prepare` runs
+it before every CPU sweep.
 """
 
 from __future__ import annotations

@@ -16,8 +16,11 @@ the left and then from the right::
 stopping at the first bond within its bound. Only the boundary sites change;
 the product, the sketches and hence the result for a seed stay the same (the
 cut ranks the sweep reads, `plan.cut_ranks`, are checked to stay the same too).
-This runs on the host, for in-memory trains on the CPU: there its cost is
-below one left-to-right site at the bond it removes (`trim_stack`).
+This runs on the host before a CPU sweep (`prepare`, after
+`merge.merge_thin_layers`): there its cost is below one left-to-right site at
+the bond it removes. The replaced sites are held in memory, so trimming is
+skipped where they would exceed `TRIM_BYTES`; the rule reads shapes alone, so
+every budget gives the same bits.
 """
 
 from __future__ import annotations
@@ -28,12 +31,21 @@ from dataclasses import replace
 import numpy as np
 
 from .linalg import qr
+from .merge import merge_thin_layers
 from .plan import cut_ranks
 from .trains import Layer, Shape4, Stack, unpad_core
 
-__all__ = ["trim_stack", "trimmed_bonds"]
+__all__ = ["TRIM_BYTES", "prepare", "trim_stack", "trimmed_bonds"]
 
 logger = logging.getLogger(__name__)
+
+# The most the sites trimming replaces may hold in memory.
+TRIM_BYTES = 256 << 20
+
+
+def prepare(stack: Stack, work: np.dtype) -> Stack:
+    """The stack a CPU sweep runs: thin MPO layers merged, then bonds trimmed (both exact)."""
+    return trim_stack(merge_thin_layers(stack, work), work, TRIM_BYTES)
 
 
 def trimmed_bonds(shapes: list[Shape4]) -> list[int]:

@@ -40,7 +40,6 @@ __all__ = [
     "Budgets",
     "Plan",
     "column_blocks",
-    "cut_ranks",
     "make_plan",
     "minimum_budgets",
     "row_blocks",
@@ -157,25 +156,6 @@ def row_blocks(n: int, tile: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + tile, n)) for lo in range(0, n, tile)]
 
 
-def cut_ranks(stack: Stack) -> list[int]:
-    """For every cut ``j | j+1``, a bound on the product's rank there.
-
-    The smallest of the product of the bonds crossing the cut and the products
-    of the physical dimensions left and right of it.
-    """
-    cap = 2**62
-    phys = [min(cap, s[0][2] * s[-1][3]) for s in (stack.shapes(j) for j in range(stack.n_sites))]
-    rights, right = [], 1
-    for p in reversed(phys[1:]):
-        right = min(right * p, cap)
-        rights.append(right)
-    bounds, left = [], 1
-    for j, right in enumerate(reversed(rights)):
-        left = min(left * phys[j], cap)
-        bounds.append(min(left, right, prod(s[1] for s in stack.shapes(j))))
-    return bounds
-
-
 def _site_sizes(stack: Stack, j: int) -> tuple[int, int, int, int]:
     """``(lefts, rights, up*down, elements of the cores)`` of site ``j``."""
     shapes = stack.shapes(j)
@@ -235,7 +215,7 @@ def _working_set(
     wide: int,
 ) -> int:
     """Elements the busiest rank holds at once, environments in store not counted."""
-    caps = cut_ranks(stack)
+    caps = stack.cut_ranks
     cols = max(hi - lo for lo, hi in blocks)
     ltr = max(_ltr_elements(stack, j, cols, tile_work) for j in range(stack.n_sites - 1))
     rtl = max(
@@ -247,7 +227,7 @@ def _working_set(
 
 def _host_working_set(stack: Stack, size: int, item: int) -> int:
     """Host bytes beside the device's: two sites as read, one staged, output cores, omega."""
-    caps = cut_ranks(stack)
+    caps = stack.cut_ranks
     per_site = []
     for j in range(stack.n_sites):
         _lefts, _rights, ud, _cores = _site_sizes(stack, j)

@@ -55,7 +55,7 @@ from .backend import Array, Backend
 from .comm import Context
 from .contractions import env_step, right_block
 from .feed import site_feed
-from .plan import Plan, column_blocks, cut_ranks, row_blocks
+from .plan import Plan, column_blocks, row_blocks
 from .sink import CoreSink, CoreWriter
 from .sketch import SharedSketches
 from .store import EnvironmentStore
@@ -227,7 +227,7 @@ def _right_to_left(
     """Build the output cores from the last site down; rank 0 sinks them."""
     stack, k = job.stack, len(job.stack.layers)
     proj = xp.ones((1,) * (k + 1), job.work)
-    caps = cut_ranks(stack)
+    caps = stack.cut_ranks
     order = range(stack.n_sites - 1, -1, -1)
     checks = [0.0]  # seconds spent reading the QR's flags
     # Each output core is copied to the host on a side stream while the next

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from math import prod
 from typing import Any, Literal
 
 import numpy as np
@@ -134,6 +135,25 @@ class Stack:
     def shapes(self, j: int) -> list[Shape4]:
         """Return the padded shapes of every layer at site ``j``."""
         return list(self._shapes[j])
+
+    @cached_property
+    def cut_ranks(self) -> list[int]:
+        """For every cut ``j | j+1``, a bound on the product's rank there.
+
+        The smallest of the product of the bonds crossing the cut and the
+        products of the physical dimensions left and right of it.
+        """
+        cap = 2**62
+        phys = [min(cap, s[0][2] * s[-1][3]) for s in self._shapes]
+        rights, right = [], 1
+        for p in reversed(phys[1:]):
+            right = min(right * p, cap)
+            rights.append(right)
+        bounds, left = [], 1
+        for j, right in enumerate(reversed(rights)):
+            left = min(left * phys[j], cap)
+            bounds.append(min(left, right, prod(s[1] for s in self._shapes[j])))
+        return bounds
 
     @cached_property
     def in_memory(self) -> bool:

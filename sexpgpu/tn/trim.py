@@ -15,7 +15,7 @@ the left and then from the right::
 
 stopping at the first bond within its bound. Only the boundary sites change;
 the product, the sketches and hence the result for a seed stay the same (the
-cut ranks the sweep reads, `plan.cut_ranks`, are checked to stay the same too).
+cut ranks the sweep reads, `Stack.cut_ranks`, are checked to stay the same too).
 This runs on the host before a CPU sweep (`prepare`, after
 `merge.merge_thin_layers`): there its cost is below one left-to-right site at
 the bond it removes. The replaced sites are held in memory, so trimming is
@@ -32,7 +32,6 @@ import numpy as np
 
 from .linalg import qr
 from .merge import merge_thin_layers
-from .plan import cut_ranks
 from .trains import Layer, Shape4, Stack, unpad_core
 
 __all__ = ["TRIM_BYTES", "prepare", "trim_stack", "trimmed_bonds"]
@@ -88,7 +87,7 @@ def trim_stack(stack: Stack, work: np.dtype, max_bytes: int) -> Stack:
         for layer, p in zip(stack.layers, plans, strict=True)
     ]
     trimmed = replace(stack, layers=layers)
-    if cut_ranks(trimmed) != cut_ranks(stack):
+    if trimmed.cut_ranks != stack.cut_ranks:
         return stack
     logger.debug(
         "bonds above their rank bound trimmed: %s",

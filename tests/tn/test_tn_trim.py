@@ -10,7 +10,6 @@ from tn_helpers import dense_stack, random_mpo
 
 from sexpgpu.tn import src
 from sexpgpu.tn.merge import merge_thin_layers
-from sexpgpu.tn.plan import cut_ranks
 from sexpgpu.tn.trains import normalize_stack
 from sexpgpu.tn.trim import trim_stack, trimmed_bonds
 
@@ -45,7 +44,7 @@ def test_trimming_keeps_the_product_and_the_cut_ranks(n):
     assert trimmed is not stack
     bonds = [[s[1] for s in trimmed.shapes(j)] for j in range(n - 1)]
     assert all(b[1] <= min(2 ** (j + 1), 2 ** (n - 1 - j)) for j, b in enumerate(bonds))
-    assert cut_ranks(trimmed) == cut_ranks(stack)
+    assert trimmed.cut_ranks == stack.cut_ranks
     want = dense_stack(trains)
     got = dense_stack(_stack_sites(trimmed))
     np.testing.assert_allclose(got, want, atol=1e-12 * np.linalg.norm(want))
@@ -103,7 +102,7 @@ def test_thin_operator_layers_merge_into_one_with_the_same_product():
     merged = merge_thin_layers(stack, np.dtype(np.complex128))
     assert [layer.kind for layer in merged.layers] == ["mpo", "mps"]
     assert [s[1] for s in merged.shapes(2)] == [16, 3]
-    assert cut_ranks(merged) == cut_ranks(stack)
+    assert merged.cut_ranks == stack.cut_ranks
     want = dense_stack([u2, u1, psi])
     got = dense_stack(_stack_sites(merged))
     np.testing.assert_allclose(got, want, atol=1e-12 * np.linalg.norm(want))

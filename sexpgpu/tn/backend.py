@@ -32,6 +32,7 @@ from sexpgpu.runtime.units import MiB
 
 from .cholqr import cholesky_qr2
 from .linalg import qr as host_qr
+from .linalg import qr_basis as host_qr_basis
 from .linalg import svd as host_svd
 
 __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
@@ -243,6 +244,14 @@ class NumpyBackend(Backend):
         q, r = host_qr(x)
         phase = _unit(np.diagonal(r).copy(), np)  # R's diagonal made real and >= 0
         return q * phase, phase.conj()[:, None] * r
+
+    def gemm_qr(self, x: np.ndarray, *, with_r: bool) -> tuple[np.ndarray, np.ndarray | None, None]:
+        """`qr` (LAPACK's Householder); without ``with_r``, ``r`` is not formed."""
+        if with_r:
+            q, r = self.qr(x)
+            return q, r, None
+        q, diagonal = host_qr_basis(x)
+        return q * _unit(diagonal, np), None, None
 
     def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         u, s, vh = host_svd(x)

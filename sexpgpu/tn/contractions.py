@@ -24,6 +24,8 @@ multiply-adds.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 from .backend import Array, Backend
@@ -51,18 +53,47 @@ def environment_labels(k: int, head: str, side: str) -> Labels:
     return (head, *(f"{side}{i}" for i in range(k)))
 
 
-def _as_matrix(
-    xp: Backend, x: Array, labels: Labels, rows: Sequence[str], cols: Sequence[str]
-) -> Array:
-    """View ``x`` as a ``(rows, cols)`` matrix.
+@dataclass(frozen=True)
+class _Recipe:
+    """How `pair` multiplies two operands of given labels and shapes: permutations and shapes."""
 
-    The library copies only when the axes of a group cannot merge; a
-    transposed matrix stays a view, which BLAS takes as it is.
-    """
-    dims = dict(zip(labels, x.shape, strict=True))
-    perm = [labels.index(a) for a in (*rows, *cols)]
-    shape = (prod(dims[a] for a in rows), prod(dims[a] for a in cols))
-    return xp.permute(x, perm).reshape(shape)
+    perm_a: tuple[int, ...]
+    shape_a: tuple[int, ...]
+    perm_b: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    shape_out: tuple[int, ...]
+    out: Labels
+
+
+@lru_cache(maxsize=4096)
+def _recipe(
+    la: Labels,
+    sa: tuple[int, ...],
+    lb: Labels,
+    sb: tuple[int, ...],
+    batch: Labels,
+    free_b: Labels | None,
+) -> _Recipe:
+    """`pair`'s plan, a pure function of labels and shapes (a sweep repeats a few of them)."""
+    shared = [x for x in la if x in lb and x not in batch]
+    # The contracted legs follow the bigger operand's layout, so that one is not copied.
+    contract = [x for x in (la if prod(sa) >= prod(sb) else lb) if x in shared]
+    free_a = [x for x in la if x not in lb]
+    if free_b is None:
+        free_b = tuple(x for x in lb if x not in la)
+    dims = dict(zip(la, sa, strict=True)) | dict(zip(lb, sb, strict=True))
+    out = (*batch, *free_a, *free_b)
+    size = lambda group: prod(dims[x] for x in group)  # noqa: E731
+    # Without a batch the leading size is dropped: a plain matrix product.
+    lead = (size(batch),) if batch else ()
+    return _Recipe(
+        tuple(la.index(x) for x in (*batch, *free_a, *contract)),
+        (*lead, size(free_a), size(contract)),
+        tuple(lb.index(x) for x in (*batch, *contract, *free_b)),
+        (*lead, size(contract), size(free_b)),
+        tuple(dims[x] for x in out),
+        out,
+    )
 
 
 def pair(
@@ -75,6 +106,10 @@ def pair(
     free_b: Labels | None = None,
 ) -> tuple[Array, Labels]:
     """Contract every label ``a`` and ``b`` share, except ``batch``, with one product.
+
+    Each operand is viewed as a matrix (a stack of them with ``batch``): the
+    library copies only when the axes of a group cannot merge; a transposed
+    matrix stays a view, which BLAS takes as it is.
 
     Parameters
     ----------
@@ -97,24 +132,11 @@ def pair(
     labels : tuple of str
         The result's labels.
     """
-    shared = [x for x in la if x in lb and x not in batch]
-    # The contracted legs follow the bigger operand's layout, so that one is not copied.
-    contract = [x for x in (la if xp.numel(a) >= xp.numel(b) else lb) if x in shared]
-    free_a = [x for x in la if x not in lb]
-    if free_b is None:
-        free_b = tuple(x for x in lb if x not in la)
-    dims = dict(zip(la, a.shape, strict=True)) | dict(zip(lb, b.shape, strict=True))
-    out = (*batch, *free_a, *free_b)
-    if not batch:
-        am = _as_matrix(xp, a, la, free_a, contract)
-        result = xp.dot(am, _as_matrix(xp, b, lb, contract, free_b))
-        return result.reshape([dims[x] for x in out]), out
-    n_batch = prod(dims[x] for x in batch)
-    n_a, n_k, n_b = (prod(dims[x] for x in group) for group in (free_a, contract, free_b))
-    am = xp.permute(a, [la.index(x) for x in (*batch, *free_a, *contract)])
-    bm = xp.permute(b, [lb.index(x) for x in (*batch, *contract, *free_b)])
-    result = xp.matmul(am.reshape(n_batch, n_a, n_k), bm.reshape(n_batch, n_k, n_b))
-    return result.reshape([dims[x] for x in out]), out
+    r = _recipe(la, tuple(a.shape), lb, tuple(b.shape), batch, free_b)
+    am = xp.permute(a, r.perm_a).reshape(r.shape_a)
+    bm = xp.permute(b, r.perm_b).reshape(r.shape_b)
+    result = xp.matmul(am, bm) if batch else xp.dot(am, bm)
+    return result.reshape(r.shape_out), r.out
 
 
 def arrange(xp: Backend, x: Array, labels: Labels, order: Labels) -> Array:

@@ -9,10 +9,12 @@ conjugate-transposed, or LAPACK's QR-iteration SVD (``gesvd``), converges.
 from __future__ import annotations
 
 import logging
+from functools import cache
+from typing import Any
 
 import numpy as np
 
-__all__ = ["qr", "svd"]
+__all__ = ["qr", "qr_basis", "svd"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,22 +60,46 @@ def qr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     its transpose (the output core) is C-contiguous without a copy. Without
     SciPy, NumPy's QR.
     """
-    try:
-        from scipy.linalg import lapack  # optional: NumPy's QR otherwise
-    except ImportError:
-        return np.linalg.qr(matrix)
-    real = matrix.dtype.kind != "c"
-    geqrf, ungqr = lapack.get_lapack_funcs(("geqrf", "orgqr" if real else "ungqr"), (matrix,))
+    q, factors = _householder(matrix)
+    if factors is None:
+        return q, np.linalg.qr(matrix)[1]
+    return q, np.triu(factors[: q.shape[1]])
+
+
+def qr_basis(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`qr`'s ``q`` and the diagonal of its ``r``, without forming ``r``."""
+    q, factors = _householder(matrix)
+    if factors is None:
+        return q, np.diagonal(np.linalg.qr(matrix)[1]).copy()
+    return q, np.diagonal(factors).copy()
+
+
+def _householder(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``q`` and LAPACK's factors (``r`` in their upper triangle); without SciPy, None."""
+    routines = _qr_routines(matrix.dtype.char)
+    if routines is None:
+        return np.linalg.qr(matrix)[0], None
+    geqrf, ungqr = routines
     k = min(matrix.shape)
     # SciPy's default workspace (3n) makes LAPACK fall back to its unblocked
     # code; room for a block of _QR_BLOCK columns keeps it blocked.
-    work = max(1, _QR_BLOCK * matrix.shape[1])
-    factors, tau, _work, info = geqrf(matrix, lwork=work)
+    factors, tau, _work, info = geqrf(matrix, lwork=max(1, _QR_BLOCK * matrix.shape[1]))
     assert info == 0, f"geqrf: info={info}"
-    r = np.triu(factors[:k])
     q, _work, info = ungqr(factors[:, :k], tau, lwork=max(1, _QR_BLOCK * k))
     assert info == 0, f"ungqr: info={info}"
-    return q, r
+    return q, factors
+
+
+@cache
+def _qr_routines(char: str) -> tuple[Any, Any] | None:
+    """LAPACK's ``geqrf`` and ``ungqr`` (``orgqr``) for a dtype, looked up once."""
+    try:
+        from scipy.linalg import lapack  # optional: NumPy's QR otherwise
+    except ImportError:
+        return None
+    probe = np.empty((1, 1), dtype=char)
+    real = probe.dtype.kind != "c"
+    return tuple(lapack.get_lapack_funcs(("geqrf", "orgqr" if real else "ungqr"), (probe,)))
 
 
 def _svd_by_eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ for part in $parts; do
     timeout ${TEST_TIMEOUT:-900} python3 -m pytest -m gpu -q -p no:cacheprovider tests \
       > "$OUT/gpu_tests.log" 2>&1; tail -25 "$OUT/gpu_tests.log" ;;
   detest)  # the determinism test alone (a small bf16 GPT)
-    timeout ${DETEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/devices/test_cuda_determinism.py \
+    timeout ${DETEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/devices/test_scatter_rows_kernel.py tests/devices/test_cuda_determinism.py \
       > "$OUT/determinism_test.log" 2>&1; tail -15 "$OUT/determinism_test.log" ;;
   determinism)
     # examples/gpt.lisp at full size (bf16, 8 microbatches a step), cut to DET_STEPS steps.

@@ -188,6 +188,7 @@ def main() -> None:
 
     # The custom ops a graph may call.
     import sexpgpu.devices.cuda.gelu_products
+    import sexpgpu.devices.cuda.scatter_rows
     import sexpgpu.devices.cuda.sum_products
     import sexpgpu.devices.cuda.xent  # noqa: F401
 

@@ -31,13 +31,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sexpgpu.devices.cuda import xent  # noqa: F401  (registers torch.ops.sexpgpu.xent_with_grad)
+from sexpgpu.devices.cuda import (
+    scatter_rows,  # noqa: F401  (registers torch.ops.sexpgpu.scatter_rows)
+    xent,  # noqa: F401  (registers torch.ops.sexpgpu.xent_with_grad)
+)
 from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
 from sexpgpu.ir.counter_rng import GOLDEN, MIX_MULTIPLIERS, mix32
 from sexpgpu.ir.dtypes import DType
@@ -272,14 +276,14 @@ def _take(node: Node, table: T, ids: T) -> T:
     return table.index_select(0, ids.reshape(-1)).reshape(node.shape)
 
 
-@lowering(Op.SCATTER_ADD, call="Tensor.index_add_")
+@lowering(Op.SCATTER_ADD, call="sexpgpu::scatter_rows (Tensor.index_add_ unless deterministic)")
 def _scatter_add(node: Node, ids: T, updates: T) -> T:
     # bf16 rows are summed in f32 and rounded once, as the interpreter does.
     wide = _wide(updates.dtype)
     flat = ids.reshape(-1)
-    rows = updates.reshape(flat.numel(), *node.shape[1:]).to(wide)
-    result = torch.zeros(node.shape, dtype=wide, device=updates.device)
-    return result.index_add_(0, flat, rows).to(updates.dtype)
+    rows = updates.reshape(flat.numel(), math.prod(node.shape[1:])).to(wide)
+    table = torch.ops.sexpgpu.scatter_rows(flat, rows, node.shape[0])
+    return table.reshape(node.shape).to(updates.dtype)
 
 
 # ---------------------------------------------------------------- products

@@ -16,9 +16,10 @@ call:
   =====================================  ======================================
   source                                 deterministic equivalent
   =====================================  ======================================
-  embedding gradients (``index_add_``,   PyTorch's sorted, ordered sums
-  Inductor's atomic ``index_put``)       (``torch.use_deterministic_algorithms``;
-                                         Inductor falls back to them)
+  embedding gradients (``index_add_``'s  ``sexpgpu::scatter_rows``: ids sorted
+  atomics; PyTorch's deterministic       stably, each id's rows summed in the
+  ``index_put_`` still differed in a     order they came, by one program
+  few rows now and then, measured)       (`sexpgpu.devices.cuda.scatter_rows`)
   attention backward (cuDNN's, flash's   flash attention's deterministic
   atomic dq sums)                        backward; cuDNN's is not used
   Inductor's reductions and padding      one configuration per kernel, chosen

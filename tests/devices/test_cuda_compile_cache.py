@@ -171,7 +171,7 @@ def test_a_second_run_loads_its_step_from_the_cache_with_the_same_losses(
 
 
 @NEEDS_CXX
-def test_a_damaged_entry_is_ignored_and_compiled_again(tmp_path: Path, monkeypatch) -> None:
+def test_a_damaged_entry_or_a_lost_kernel_is_compiled_again(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
     first, _ = _run(tmp_path, "first")
     (path,) = (tmp_path / "cache" / "steps").glob("*.step")
@@ -180,6 +180,11 @@ def test_a_damaged_entry_is_ignored_and_compiled_again(tmp_path: Path, monkeypat
     assert "traced in" in line and not line.endswith("(cached)")
     assert again == first
     assert StepCache(tmp_path / "cache").load(path.stem) is not None  # saved whole again
+    # The entry without Inductor's files: its graph is compiled again, and not called cached.
+    shutil.rmtree(tmp_path / "cache" / "inductor")
+    third, (line,) = _run(tmp_path, "third")
+    assert "traced before" in line and not line.endswith("(cached)")
+    assert third == first
 
 
 @NEEDS_CXX

@@ -160,6 +160,7 @@ class FusedGraph:
         self.parts = 1  # how many parts Inductor compiled the step in
         self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
         self.cached = False  # whether the step came from the compile cache
+        self.traced_before = False  # whether its trace did (Inductor's code may not have)
         self.overwrite = overwrite
         self.eager = TorchGraph(graph, self.device)
         self.graph = self.eager.graph  # decomposed where the lowering has no kernel
@@ -395,8 +396,11 @@ class FusedGraph:
         None where the entry does not fit this graph or Inductor fails on it:
         the caller then traces and compiles as if there were none.
         """
+        from torch._dynamo.utils import counters
+
         began = time.perf_counter()
         device = str(self.device)
+        hits = counters["inductor"]["fxgraph_cache_hit"]
         try:
             order = self.eager.order
             kernels = [
@@ -418,8 +422,11 @@ class FusedGraph:
         self.kernels = kernels
         self.copied = list(entry["copied"])
         self.gelu_products, self.sum_products = entry["rewrites"]
-        self.parts = self.parts_cached = len(compiled)
-        self.cached = True
+        self.parts = len(compiled)
+        self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
+        # Cached where Inductor's cache served every graph (it compiles any it lacks).
+        self.cached = self.parts_cached == self.parts
+        self.traced_before = True
         self.seconds = (0.0, time.perf_counter() - began)
         return call
 
@@ -560,9 +567,14 @@ class FusedGraph:
     def _compile_text(self) -> str:
         """How the step was made: traced and compiled, or loaded from the compile cache."""
         load_s = self.seconds[1]
+        parts = f" in {self.parts} parts" if self.parts > 1 else ""
         if self.cached:
-            parts = f" in {self.parts} parts" if self.parts > 1 else ""
             return f"loaded from the compile cache in {load_s:.1f} s{parts}"
+        if self.traced_before:
+            return (
+                f"traced before, compiled in {load_s:.1f} s{parts} "
+                f"({self.parts_cached} of {self.parts} found in Inductor's cache)"
+            )
         text = f"traced in {self.seconds[0]:.1f} s, compiled in {load_s:.1f} s"
         if self.parts > 1:
             text += f" in {self.parts} parts, {self.parts_cached} of them by compile workers"

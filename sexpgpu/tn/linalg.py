@@ -81,8 +81,8 @@ def _householder(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         return np.linalg.qr(matrix)[0], None
     geqrf, ungqr = routines
     k = min(matrix.shape)
-    # SciPy's default workspace (3n) makes LAPACK fall back to its unblocked
-    # code; room for a block of _QR_BLOCK columns keeps it blocked.
+    # SciPy's default workspace (3n) would keep LAPACK unblocked where it
+    # blocks (from 128 columns); room for _QR_BLOCK columns lets it.
     factors, tau, _work, info = geqrf(matrix, lwork=max(1, _QR_BLOCK * matrix.shape[1]))
     assert info == 0, f"geqrf: info={info}"
     q, _work, info = ungqr(factors[:, :k], tau, lwork=max(1, _QR_BLOCK * k))

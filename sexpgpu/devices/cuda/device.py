@@ -256,7 +256,11 @@ class CudaDevice:
         if self.fuse:
             planned = plan.fused
             same = planned is not None and not isinstance(planned, str)
-            fused = planned if same and planned.device == device else self._compile(plan, device)
+            fused = (
+                planned.for_caller()
+                if same and planned.device == device
+                else self._compile(plan, device)
+            )
             if isinstance(planned, str) or isinstance(fused, str):
                 fused = None  # the report said why: op by op
             else:

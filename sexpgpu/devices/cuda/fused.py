@@ -181,6 +181,19 @@ class FusedGraph:
         # of it can replay them (a step of several calls would need the adding graph).
         self.unreplayed = 0
 
+    def for_caller(self) -> FusedGraph:
+        """The same compiled step with a capture and inputs of its own, for one rank's calls.
+
+        Ranks that share a device share the compiled step, but each sums into
+        buffers of its own (a capture is keyed by their addresses) from a
+        thread of its own: one capture's state between them would be raced for.
+        """
+        twin = copy.copy(self)
+        twin._replay = Replay(self.device, "fused step")
+        twin._replay.enabled, twin._replay.refused = self._replay.enabled, self._replay.refused
+        twin._static, twin.calls, twin.unreplayed = [], 0, 0
+        return twin
+
     @property
     def capture(self) -> bool:
         """Whether calls are captured and replayed as a CUDA graph (on a GPU, until refused)."""

@@ -207,13 +207,14 @@ class CudaDevice:
         why = "SEXPGPU_DETERMINISTIC" if self.chosen else "the default"
         if self.deterministic:
             return (
-                f"determinism: on ({why}): the same file, seed and GPU give the same bits "
-                "(ordered embedding-gradient sums, flash attention's deterministic backward, "
-                "Inductor's kernels chosen without timing, stacking by the cost model)"
+                f"determinism: on ({why}): ordered embedding-gradient sums, flash attention's "
+                "deterministic backward, Inductor's kernels chosen without timing, stacking by "
+                "the cost model; one source of run-to-run bits is not yet found "
+                "(docs/devices.md, Determinism)"
             )
         return (
             f"determinism: off ({why}): the fastest kernels, whose sums may differ in the last "
-            "bits from run to run; SEXPGPU_DETERMINISTIC=1 makes runs repeat bit for bit"
+            "bits from run to run; SEXPGPU_DETERMINISTIC=1 replaces the sources known"
         )
 
     def _fused_lines(self, plan: CudaPlan) -> list[str]:

@@ -44,10 +44,9 @@ import torch
 
 __all__ = ["BY_DEFAULT", "deterministic", "inductor_options", "open_settings"]
 
-# Whether runs are deterministic unless SEXPGPU_DETERMINISTIC says. Off until measured
-# at no more than 5% of GPT-2 small's step at batch 16 (benches/gpu_trust.sh bench): the
-# change of attention alone, cuDNN's to flash's, cost 1.7 ms of a 33 ms step when measured
-# (benches/README.md), about 5% before flash's deterministic backward is counted.
+# Whether runs are deterministic unless SEXPGPU_DETERMINISTIC says: off, since the mode
+# costs 14% of GPT-2 small's step at batch 16 on an H200 (benches/gpu_trust.sh bench,
+# benches/README.md), above the 5% that would turn it on.
 BY_DEFAULT = False
 
 

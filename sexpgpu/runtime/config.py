@@ -308,34 +308,32 @@ def deterministic_setting(environ: Mapping[str, str]) -> bool | None:
 
     Unset, the cuda device takes its default (docs/devices.md says which and why).
     """
-    text = environ.get("SEXPGPU_DETERMINISTIC", "").strip()
-    if not text:
-        return None
-    if text in ("0", "1"):
-        return text == "1"
-    raise SexpgpuError(
-        "E-CLI-001",
-        f"SEXPGPU_DETERMINISTIC={_quote(text)} is neither 0 nor 1",
+    return _switch(
+        environ,
         "SEXPGPU_DETERMINISTIC",
-        hint="SEXPGPU_DETERMINISTIC=1 makes cuda runs repeat bit for bit, 0 takes the fastest "
-        "kernels; unset it for the device's default",
+        "SEXPGPU_DETERMINISTIC=1 replaces the cuda device's run-to-run sources of different "
+        "bits, 0 takes the fastest kernels; unset it for the device's default",
     )
 
 
 def shard_setting(environ: Mapping[str, str]) -> bool | None:
     """``SEXPGPU_SHARD_OPTIMIZER``: True (``1``), False (``0``), or None when unset (the plan's)."""
-    text = environ.get("SEXPGPU_SHARD_OPTIMIZER", "").strip()
+    return _switch(
+        environ,
+        "SEXPGPU_SHARD_OPTIMIZER",
+        "SEXPGPU_SHARD_OPTIMIZER=1 keeps each rank's shard of the optimizer state alone, "
+        "0 the whole state on every rank; unset it to let the memory plan choose",
+    )
+
+
+def _switch(environ: Mapping[str, str], name: str, hint: str) -> bool | None:
+    """A ``0``/``1`` variable: True, False, or None when unset; anything else is refused."""
+    text = environ.get(name, "").strip()
     if not text:
         return None
     if text in ("0", "1"):
         return text == "1"
-    raise SexpgpuError(
-        "E-CLI-001",
-        f"SEXPGPU_SHARD_OPTIMIZER={_quote(text)} is neither 0 nor 1",
-        "SEXPGPU_SHARD_OPTIMIZER",
-        hint="SEXPGPU_SHARD_OPTIMIZER=1 keeps each rank's shard of the optimizer state alone, "
-        "0 the whole state on every rank; unset it to let the memory plan choose",
-    )
+    raise SexpgpuError("E-CLI-001", f"{name}={_quote(text)} is neither 0 nor 1", name, hint=hint)
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path | None:

@@ -3,7 +3,7 @@
 # SIGKILL + --resume latest, compared bit for bit), the memory lie (SEXPGPU_MEMORY above
 # the card: a split or E-MEM-002, never an internal error), and GPT-2 small at batch 16
 # with determinism off and on. Logs under $OUT. From the repository root:
-#   bash benches/gpu_trust.sh [tests|determinism|detest|oom|bench]...   (default: all but detest)
+#   bash benches/gpu_trust.sh [tests|determinism|detest|trace|oom|bench]...   (default: all but detest, trace)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/sexpgpu-out}
@@ -22,6 +22,18 @@ for part in $parts; do
   tests)
     timeout ${TEST_TIMEOUT:-900} python3 -m pytest -m gpu -q -p no:cacheprovider tests \
       > "$OUT/gpu_tests.log" 2>&1; tail -25 "$OUT/gpu_tests.log" ;;
+  trace)  # where runs part: each step's gradients of three runs of the test's GPT, compared
+    python3 - <<'PY' > /tmp/trace.lisp
+import re
+text = open("tests/devices/test_cuda_determinism.py").read()
+print(re.search(r'GPT = """(.*?)"""', text, re.S).group(1).replace(":steps 8", ":steps 12"))
+PY
+    rm -rf /tmp/trace-*
+    for r in a b c; do
+      SEXPGPU_DETERMINISTIC=1 SEXPGPU_DEVICE=cuda timeout 200 python3 dev/step_trace.py record /tmp/trace-$r.npz \
+        -- run /tmp/trace.lisp --out /tmp/trace-$r > "$OUT/trace_$r.log" 2>&1 || echo "trace $r: exit $?"
+    done
+    python3 dev/step_trace.py compare /tmp/trace-a.npz /tmp/trace-b.npz /tmp/trace-c.npz | tee "$OUT/trace.log" ;;
   detest)  # the determinism test alone (a small bf16 GPT)
     timeout ${DETEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/devices/test_scatter_rows_kernel.py tests/devices/test_cuda_determinism.py \
       > "$OUT/determinism_test.log" 2>&1; tail -15 "$OUT/determinism_test.log" ;;

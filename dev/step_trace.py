@@ -1,0 +1,96 @@
+"""Where do two runs part? Record each step's gradients and parameters, then compare runs.
+
+    python dev/step_trace.py record TRACE.npz -- run FILE.lisp --out DIR [...]
+    python dev/step_trace.py compare A.npz B.npz [C.npz ...]
+
+`record` runs the command line given after ``--`` as ``sexpgpu`` would,
+keeping before each update the step's summed loss, every gradient and
+every parameter (device copies queued in stream order, so the run's timing
+is disturbed as little as possible), and writes them to TRACE.npz at exit.
+`compare` names, for each pair of traces, the first steps where anything
+differs in its bits, and which gradients: the first tensors to part are
+where a source of run-to-run variation is (benches/README.md, Determinism).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import sys
+
+import numpy as np
+
+
+def record(path: str, argv: list[str]) -> int:
+    from sexpgpu import cli
+    from sexpgpu.devices import state
+
+    steps: list[tuple[object, dict, dict]] = []
+    update = state.TrainState.update
+
+    def keep(x):
+        return x.detach().clone() if hasattr(x, "detach") else np.array(x, copy=True)
+
+    def recorded(self, lr, clip):
+        sums = self._sums
+        steps.append((keep(sums.loss), {k: keep(v) for k, v in sums.grads.items()},
+                      {k: keep(v) for k, v in self.values.items()}))  # fmt: skip
+        return update(self, lr, clip)
+
+    def host(x) -> np.ndarray:
+        return x.float().cpu().numpy() if hasattr(x, "cpu") else np.asarray(x, np.float32)
+
+    def save() -> None:
+        out = {}
+        for i, (loss, grads, params) in enumerate(steps, start=1):
+            out[f"{i}/loss"] = host(loss)
+            out |= {f"{i}/grad/{k}": host(v) for k, v in grads.items()}
+            out |= {f"{i}/param/{k}": host(v) for k, v in params.items()}
+        np.savez(path, **out)
+
+    state.TrainState.update = recorded
+    atexit.register(save)
+    return cli.main(argv)
+
+
+def compare(paths: list[str], shown: int = 2) -> None:
+    traces = {p: np.load(p) for p in paths}
+    for i, a in enumerate(paths):
+        for b in paths[i + 1 :]:
+            x, y = traces[a], traces[b]
+            steps = sorted({int(k.split("/")[0]) for k in x.files})
+            parted = 0
+            print(f"{a} against {b}:")
+            for step in steps:
+                keys = [k for k in x.files if k.startswith(f"{step}/")]
+                bad = [k for k in keys if k in y.files and not np.array_equal(x[k], y[k])]
+                if not bad:
+                    continue
+                grads = [k for k in bad if "/grad/" in k]
+                params, loss = sum("/param/" in k for k in bad), f"{step}/loss" in bad
+                print(f"  step {step}: {len(grads)} gradients, {params} parameters, loss {loss}")
+                for k in grads[:8]:
+                    d = x[k] != y[k]
+                    print(f"    {k.split('/', 2)[2]}: {int(d.sum())} of {d.size} elements, "
+                          f"largest difference {float(np.abs(x[k] - y[k]).max()):.3g}")  # fmt: skip
+                parted += 1
+                if parted >= shown:
+                    break
+            if not parted:
+                print("  the same bits at every step")
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "record" and "--" in sys.argv:
+        at = sys.argv.index("--")
+        return record(sys.argv[2], sys.argv[at + 1 :])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["compare"])
+    parser.add_argument("traces", nargs="+")
+    args = parser.parse_args()
+    compare(args.traces)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

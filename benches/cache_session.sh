@@ -2,7 +2,8 @@
 # The compile cache on a GPU: `sexpgpu run examples/gpt.lisp` at full size (GPT-2 small,
 # batch 8 x 8 microbatches, bf16) twice on cuda with a fresh, empty cache; the first run
 # traces and compiles its step, the second must load it ("(cached)") and reach its first
-# step within 5 s. Then, optionally, the cold first step against torch.compile's.
+# step within 5 s (a third run loads it with TORCHINDUCTOR_COMPILE_THREADS=1, to compare).
+# Then, optionally, the cold first step against torch.compile's.
 # Logs under $OUT. Run from the repository root:
 #   bash benches/cache_session.sh [runs|compare]...   (default: runs)
 set -uo pipefail
@@ -46,11 +47,14 @@ for part in $parts; do
   case $part in
   runs)
     unset SEXPGPU_CACHE
-    rm -rf "$CACHE" /tmp/cache-session-cold /tmp/cache-session-warm
+    rm -rf "$CACHE" /tmp/cache-session-cold /tmp/cache-session-warm /tmp/cache-session-warm-1thread
     one_run cold
     one_run warm
     grep -q "(cached)" "$OUT/cache_warm.log" && echo "warm: the step came from the cache" \
       || echo "warm: NOT from the cache"
+    # A lever to compare: Inductor loading the cached kernels in this process, without
+    # starting its pool of compile processes.
+    TORCHINDUCTOR_COMPILE_THREADS=1 one_run warm-1thread
     du -sh "$CACHE"/* 2>/dev/null ;;
   compare)
     # Cold first steps, each side with empty caches of its own (benches/gpt2_cuda.py's).

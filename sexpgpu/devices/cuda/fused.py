@@ -267,6 +267,7 @@ class FusedGraph:
         return tuple(out[name] for name in self.returned)
 
     def _compile(self, examples: Mapping[str, Any], cache: StepCache | None) -> Any:
+        """The compiled step: loaded from `cache` where it holds it, else traced, compiled, kept."""
         for node, source in self._ids.items():
             if source is None:
                 raise NotFusable("ids computed inside the graph are checked only when run eagerly")

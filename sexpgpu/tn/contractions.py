@@ -236,11 +236,13 @@ def _env_step_thin_bottom(xp: Backend, env: Array, omega: Array, cores: Sequence
     return arrange(xp, x, lx, environment_labels(k, "s", "r"))
 
 
-def _chain_cost(start: dict[str, int], cores: Sequence[Array], order: Sequence[int]) -> int:
-    """Multiply-adds of contracting ``start`` with the cores in ``order``."""
+def _chain_cost(
+    start: dict[str, int], shapes: Sequence[tuple[int, ...]], order: Sequence[int]
+) -> int:
+    """Multiply-adds of contracting ``start`` with the cores (of ``shapes``) in ``order``."""
     dims, cost = dict(start), 0
     for i in order:
-        core = dict(zip(core_labels(i), cores[i].shape, strict=True))
+        core = dict(zip(core_labels(i), shapes[i], strict=True))
         cost += prod(dims.values()) * prod(n for a, n in core.items() if a not in dims)
         for a in core:
             if a in dims:
@@ -248,6 +250,15 @@ def _chain_cost(start: dict[str, int], cores: Sequence[Array], order: Sequence[i
             else:
                 dims[a] = core[a]
     return cost
+
+
+@lru_cache(maxsize=1024)
+def _right_order(proj: tuple[int, ...], shapes: tuple[tuple[int, ...], ...]) -> tuple[int, ...]:
+    """Bottom-up or top-down, whichever needs fewer multiply-adds (a pure function of shapes)."""
+    k = len(shapes)
+    start = dict(zip(environment_labels(k, "e", "r"), proj, strict=True))
+    orders = [tuple(reversed(range(k))), tuple(range(k))]
+    return min(orders, key=lambda order: _chain_cost(start, shapes, order))
 
 
 def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
@@ -278,10 +289,7 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
     k = len(cores)
     z, lz = proj, environment_labels(k, "e", "r")
     final = ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:])
-    # Bottom-up or top-down, whichever needs fewer multiply-adds.
-    start = dict(zip(lz, proj.shape, strict=True))
-    orders = [list(reversed(range(k))), list(range(k))]
-    *first, last = min(orders, key=lambda order: _chain_cost(start, cores, order))
+    *first, last = _right_order(tuple(proj.shape), tuple(tuple(c.shape) for c in cores))
     for i in first:
         z, lz = pair(xp, z, lz, cores[i], core_labels(i))
     if k == 2:  # a wide layer and maybe a thin one: the last product in one pass

@@ -172,6 +172,8 @@ def _finite_sum(core: np.ndarray) -> bool:
 
 
 def _shape(site: Any) -> tuple[int, ...]:
+    if type(site) is np.ndarray:  # its shape is already a tuple of ints
+        return site.shape
     return tuple(int(n) for n in site.shape)
 
 
@@ -207,7 +209,8 @@ def _check_train(fn: str, names: Sequence[str], i: int, train: object) -> Kind:
                 f"{_where(fn, names, i, j)} is a {type(site).__name__} without shape and "
                 "dtype; pass a NumPy array, np.memmap, or an HDF5 or zarr dataset."
             )
-        _check_dtype(_where(fn, names, i, j), site.dtype)
+        if type(site.dtype) not in _CHECKED or site.dtype not in _CHECKED_DTYPES:
+            _check_dtype(_where(fn, names, i, j), site.dtype)
         if any(n < 1 for n in _shape(site)):
             raise ValueError(
                 f"{_where(fn, names, i, j)} has an empty dimension, shape {_shape(site)}; "
@@ -256,6 +259,13 @@ def _check_bonds(fn: str, names: Sequence[str], i: int, train: Sequence[Any], ki
                 f"{_where(fn, names, i, j)} has right bond {right} but site {j + 1} has left "
                 f"bond {left}; neighbouring sites must share their bond dimension."
             )
+
+
+# The dtypes every site may have without a look (`_check_dtype` passes them).
+_CHECKED_DTYPES = frozenset(
+    np.dtype(t) for t in (*COMPUTE_DTYPES, "int8", "int16", "int32", "int64", "bool")
+)
+_CHECKED = {type(d) for d in _CHECKED_DTYPES}
 
 
 def _check_dtype(where: str, dtype: object) -> None:

@@ -141,10 +141,17 @@ def torch_step(args: argparse.Namespace, mode: str):
             return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     model = Gpt().to(dev)
+    return adamw_step(model, model if mode == "eager" else torch.compile(model, mode=mode), 6e-4)
+
+
+def adamw_step(model, loss_of, lr: float, fused: bool = True):
+    """The peers' step, ``step(tokens) -> loss``: `loss_of` the next tokens, its gradients
+    clipped at 1.0, AdamW (betas 0.9 and 0.95, weight decay 0.1), as the sexpgpu side runs."""
+    import torch
+
     opt = torch.optim.AdamW(
-        model.parameters(), lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True
+        model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=fused
     )
-    loss_of = model if mode == "eager" else torch.compile(model, mode=mode)
 
     def step(tokens: torch.Tensor) -> torch.Tensor:
         loss = loss_of(tokens[:, :-1], tokens[:, 1:])

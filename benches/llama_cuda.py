@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "tests" / "ir"))
-from gpt2_cuda import compare, matmul_rate, one_side, table  # noqa: E402
+from gpt2_cuda import adamw_step, compare, matmul_rate, one_side, table  # noqa: E402
 
 # The example's data and model, at the benchmark's sizes, with the benchmark's run.
 _EXAMPLE = (ROOT / "examples" / "llama.lisp").read_text()
@@ -82,25 +82,12 @@ def llama_step(args: argparse.Namespace, mode: str):
     dev = torch.device(args.device)
     shape = {k: getattr(args, k) for k in _KEYS}
     model = TorchLlama(**shape).to(dev)
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=True
-    )
 
     def loss(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with torch.autocast(dev.type, torch.bfloat16):
             return model.loss(tokens, targets)
 
-    loss_of = loss if mode == "eager" else torch.compile(loss, mode=mode)
-
-    def step(tokens: torch.Tensor) -> torch.Tensor:
-        value = loss_of(tokens[:, :-1], tokens[:, 1:])
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return value
-
-    return step
+    return adamw_step(model, loss if mode == "eager" else torch.compile(loss, mode=mode), 3e-4)
 
 
 def flops_per_token(args: argparse.Namespace) -> float:

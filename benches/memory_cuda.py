@@ -35,6 +35,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from gpt2_cuda import adamw_step  # noqa: E402
+
 LLAMA = ROOT / "examples" / "llama.lisp"
 # Sizes (layers, width) from comfortable to past one H200 without recomputation.
 SIZES = ["16x2048", "24x2048", "32x2560", "32x3072", "40x3584", "48x4096"]
@@ -229,20 +232,8 @@ def torch_step(s: dict, args: argparse.Namespace, dev):
             return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
     model = Llama().to(dev)
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=dev.type == "cuda"
-    )
     loss_of = model if args.smoke else torch.compile(model)
-
-    def step(tokens):
-        loss = loss_of(tokens[:, :-1], tokens[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    return step
+    return adamw_step(model, loss_of, 3e-4, fused=dev.type == "cuda")
 
 
 def params_of(size: str, args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """The smoke GPT's eval loss under each optimizer: `adamw` (the file's) against `muon`.
 
-    python benches/optimizers.py [--steps 300] [--out runs/optimizers] [--smoke]
+    python benches/optimizers.py [--steps 300] [--out DIR] [--smoke]
 
 Each optimizer trains a copy of ``examples/gpt.lisp`` whose ``:optimizer``
 form is replaced (variants override parameters, not forms), through the
@@ -9,7 +9,10 @@ command line a user types::
     python -m sexpgpu run COPY.lisp --variant smoke --device cpu --out OUT/NAME
 
 and the table gives each eval loss (every 50 steps, 20 batches) and the
-time. `--smoke` runs 4 steps of each, to check the script (CI).
+time. Each call trains into a folder of its own (``runs/optimizers/DATE-TIME``
+unless `--out` names one; a temporary one at `--smoke`), so a second call
+never meets the first one's checkpoints. `--smoke` runs 4 steps of each, to
+check the script (CI).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,10 +52,13 @@ def train(name: str, out: Path, steps: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=Path("runs/optimizers"))
+    parser.add_argument("--out", type=Path, help="a new folder (default: one of this call's)")
     parser.add_argument("--smoke", action="store_true", help="4 steps of each (CI)")
     args = parser.parse_args()
     steps = 4 if args.smoke else args.steps
+    if args.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        args.out = Path(tempfile.mkdtemp()) if args.smoke else Path("runs/optimizers") / stamp
     args.out.mkdir(parents=True, exist_ok=True)
     print("| optimizer | eval loss by step | train loss at the end | time |")
     print("|---|---|---|---|")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from device_seam import device_named
@@ -20,7 +21,12 @@ from sexpgpu.runtime.config import cache_dir
 
 torch = pytest.importorskip("torch")
 
-from sexpgpu.devices.cuda.compile_cache import StepCache, open_cache, step_key  # noqa: E402
+from sexpgpu.devices.cuda.compile_cache import (  # noqa: E402
+    StepCache,
+    open_cache,
+    plan_key,
+    step_key,
+)
 from sexpgpu.devices.cuda.device import CudaDevice  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +121,119 @@ def test_the_key_names_graph_sums_options_settings_and_device() -> None:
         key(device=torch.device("meta")),
     ]
     assert len({base, *others}) == len(others) + 1
+
+
+def test_the_plan_key_names_both_graphs_degrees_settings_and_device() -> None:
+    cpu = torch.device("cpu")
+
+    def key(train="t", evaluation="e", device=cpu, degrees=(2, 1), settings=None):
+        settings = settings or {"deterministic": False}
+        return plan_key(train, evaluation, device, degrees=list(degrees), settings=settings)
+
+    base = key()
+    others = [
+        key(train="t2"),
+        key(evaluation="e2"),
+        key(degrees=(4, 2, 1)),
+        key(settings={"deterministic": True}),
+        key(device=torch.device("meta")),
+    ]
+    assert base == key() and len({base, *others}) == len(others) + 1
+    assert base != step_key("t", cpu, sums=(), overwrite=False, options={}, settings={})
+
+
+# ---------------------------------------------------------------- plans
+
+
+def _smoke_gpt() -> Any:
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+
+    experiment = load_experiment(ROOT / "examples" / "gpt.lisp", variant="smoke")
+    return compile_run(experiment, experiment.run(None))
+
+
+def _plan_and_stacked(
+    compiled: Any, memory: int, monkeypatch, microbatches: int = 4
+) -> tuple[Any, list[int]]:
+    """The cuda plan without a GPU (from the graphs, as `explain`), and the degrees it stacked."""
+    from sexpgpu.ir import stack
+
+    stacked: list[int] = []
+    real = stack.stack_microbatches
+
+    def counted(graph, degree):
+        stacked.append(degree)
+        return real(graph, degree)
+
+    monkeypatch.setattr(stack, "stack_microbatches", counted)
+    device = CudaDevice()
+    plan = device.plan(compiled, moments=2, ranks=1, memory=memory, microbatches=microbatches)
+    monkeypatch.setattr(stack, "stack_microbatches", real)
+    return plan, stacked
+
+
+def _same_plans(one: Any, other: Any) -> None:
+    from sexpgpu.ir.printer import format_graph
+
+    assert other.choice == one.choice
+    assert other.memory == one.memory  # every part, the budget too
+    assert other.live[0] == one.live[0]
+
+    def where(node: Any) -> Any:  # the node at the peak (each plan stacks its own graph)
+        return (node.op, node.shape, node.span) if hasattr(node, "op") else node
+
+    assert where(other.live[1]) == where(one.live[1])
+    assert format_graph(other.stacked) == format_graph(one.stacked)
+    assert (other.recompute is None) == (one.recompute is None)
+
+
+@pytest.fixture
+def no_gpu() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("plans without a GPU (a GPU's plan compiles the step)")
+
+
+@pytest.mark.usefixtures("no_gpu")
+def test_a_second_plan_reads_each_degrees_numbers_and_stacks_only_its_choice(
+    tmp_path: Path, monkeypatch
+) -> None:
+    compiled = _smoke_gpt()
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    cold, stacked = _plan_and_stacked(compiled, 2**40, monkeypatch)
+    assert sorted(stacked) == [2, 4]  # every degree, to choose (1 is the graph itself)
+    (entry,) = (tmp_path / "cache" / "plans").glob("*.plan")
+    numbers = StepCache(tmp_path / "cache").load(entry.stem, kind="plan")["degrees"]
+    assert sorted(numbers) == [1, 2, 4]
+    warm, stacked = _plan_and_stacked(compiled, 2**40, monkeypatch)
+    assert stacked == ([cold.choice.degree] if cold.choice.degree > 1 else [])
+    _same_plans(cold, warm)
+    # A budget no degree fits without recomputing plans alike from the numbers kept.
+    one, _ = _plan_and_stacked(compiled, 2**40, monkeypatch, microbatches=1)
+    tight = int(one.memory.total - 0.3 * one.memory.parts["activations"])
+    warm_tight, _ = _plan_and_stacked(compiled, tight, monkeypatch)
+    assert warm_tight.recompute is not None
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "fresh"))
+    cold_tight, _ = _plan_and_stacked(compiled, tight, monkeypatch)
+    _same_plans(cold_tight, warm_tight)
+
+
+@pytest.mark.usefixtures("no_gpu")
+@pytest.mark.parametrize("damage", ["truncated", "another layout"])
+def test_a_damaged_plan_entry_is_computed_again(tmp_path: Path, monkeypatch, damage: str) -> None:
+    compiled = _smoke_gpt()
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    cold, _ = _plan_and_stacked(compiled, 2**40, monkeypatch)
+    (entry,) = (tmp_path / "cache" / "plans").glob("*.plan")
+    cache = StepCache(tmp_path / "cache")
+    if damage == "truncated":
+        entry.write_bytes(entry.read_bytes()[:40])
+    else:  # whole, but not numbers this planner reads
+        cache.save(entry.stem, {"degrees": {"4": [1, 2]}}, kind="plan")
+    again, stacked = _plan_and_stacked(compiled, 2**40, monkeypatch)
+    assert sorted(stacked) == [2, 4]  # every degree computed again
+    _same_plans(cold, again)
+    assert sorted(cache.load(entry.stem, kind="plan")["degrees"]) == [1, 2, 4]  # kept again
 
 
 # ---------------------------------------------------------------- the folder

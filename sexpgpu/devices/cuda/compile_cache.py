@@ -10,6 +10,10 @@ in one folder (`sexpgpu.runtime.config.cache_dir`: ``$XDG_CACHE_HOME/sexpgpu``,
   bytes (or the split step's parts and how they connect), its inputs'
   metadata, and what the trace decided (parameters read from bf16 copies,
   the kernels' IR nodes). A run that finds it skips the trace;
+- ``plans/<key>.plan``: what planning derived from the training graph at
+  each stacking degree (`plan_key`; `sexpgpu.devices.cuda.planner`): its
+  live set, products' FLOPs and node count. A run that finds it stacks and
+  schedules only the degree it chooses;
 - ``inductor/`` and ``triton/``: Inductor's FX graph and AOTAutograd
   caches and Triton's kernels (``TORCHINDUCTOR_CACHE_DIR`` and
   ``TRITON_CACHE_DIR``, pointed here when the device opens). Compiling the
@@ -45,7 +49,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FORMAT", "StepCache", "open_cache", "step_key"]
+__all__ = ["FORMAT", "StepCache", "open_cache", "plan_key", "step_key"]
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +58,13 @@ FORMAT = 1
 _MAGIC = b"sexpgpu-step\n"
 
 
+# Each kind of entry: its folder and its files' suffix.
+_KINDS = {"step": ("steps", ".step"), "plan": ("plans", ".plan")}
+
+
 class StepCache:
-    """The traced steps kept in `root` (``root/steps``); the libraries' caches live beside.
+    """The traced steps kept in `root` (``root/steps``), the plans' numbers beside
+    (``root/plans``), and the libraries' caches.
 
     Parameters
     ----------
@@ -74,12 +83,13 @@ class StepCache:
     def triton_dir(self) -> Path:
         return self.root / "triton"
 
-    def _path(self, key: str) -> Path:
-        return self.root / "steps" / f"{key}.step"
+    def _path(self, key: str, kind: str) -> Path:
+        folder, suffix = _KINDS[kind]
+        return self.root / folder / f"{key}{suffix}"
 
-    def load(self, key: str) -> dict[str, Any] | None:
-        """The entry saved under `key`, or None: absent, damaged, or of another format."""
-        path = self._path(key)
+    def load(self, key: str, kind: str = "step") -> dict[str, Any] | None:
+        """The entry of `kind` saved under `key`, or None: absent, damaged, or of another format."""
+        path = self._path(key, kind)
         try:
             data = path.read_bytes()
         except OSError:
@@ -88,20 +98,20 @@ class StepCache:
         digest = data[len(_MAGIC) : head].decode("ascii", "replace")
         body = data[head:]
         if not data.startswith(_MAGIC) or hashlib.sha256(body).hexdigest() != digest:
-            log.warning("compile cache: %s is damaged; the step compiles again", path)
+            log.warning("compile cache: %s is damaged; made again", path)
             return None
         try:
             entry = pickle.loads(body)
         except Exception as error:  # a pickle of another version's classes, say
-            log.warning("compile cache: %s does not load (%s); compiling again", path, error)
+            log.warning("compile cache: %s does not load (%s); made again", path, error)
             return None
         if not isinstance(entry, dict) or entry.get("format") != FORMAT:
             return None
         return entry
 
-    def save(self, key: str, entry: Mapping[str, Any]) -> None:
-        """Keep `entry` under `key`: whole or not at all, whatever other runs do at once."""
-        path = self._path(key)
+    def save(self, key: str, entry: Mapping[str, Any], kind: str = "step") -> None:
+        """Keep `entry` of `kind` under `key`, whole or not at all, whatever other runs do."""
+        path = self._path(key, kind)
         body = pickle.dumps({**entry, "format": FORMAT}, protocol=pickle.HIGHEST_PROTOCOL)
         data = _MAGIC + hashlib.sha256(body).hexdigest().encode("ascii") + body
         partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -149,10 +159,32 @@ def step_key(
         "overwrite": overwrite,
         "options": {k: repr(v) for k, v in sorted(options.items())},
         "settings": {k: repr(v) for k, v in sorted(settings.items())},
-        "device": _device_facts(device),
-        "versions": _versions(),
     }
-    text = json.dumps(material, sort_keys=True)
+    return _digest(material, device)
+
+
+def plan_key(
+    train_text: str, eval_text: str, device: Any, *, degrees: list[int], settings: Mapping[str, Any]
+) -> str:
+    """The digest that names a plan's entry: both graphs' text (no spans), the degrees, the device.
+
+    The settings are the process's (`compile_worker.settings`): the lowering
+    the schedules plan may change with determinism.
+    """
+    material = {
+        "train": hashlib.sha256(train_text.encode()).hexdigest(),
+        "eval": hashlib.sha256(eval_text.encode()).hexdigest(),
+        "degrees": list(degrees),
+        "settings": {k: repr(v) for k, v in sorted(settings.items())},
+    }
+    return _digest(material, device)
+
+
+def _digest(material: Mapping[str, Any], device: Any) -> str:
+    """A key of `material`, the device and the libraries' versions (sexpgpu's sources too)."""
+    text = json.dumps(
+        {**material, "device": _device_facts(device), "versions": _versions()}, sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 

@@ -87,9 +87,12 @@ def unpack_graph(data: bytes) -> Any:
     """The ``GraphModule`` of `pack_graph`'s bytes, node for node.
 
     A module it calls (a split step's part) is an empty stand-in: whoever
-    runs the graph holds the parts' compiled code.
+    runs the graph holds the parts' compiled code. Its Python code is
+    generated when first needed (a lazy module): where Inductor's cache
+    serves the graph, only the cache key's hash reads it.
     """
     import torch
+    from torch.fx._lazy_graph_module import _LazyGraphModule
 
     nodes, constants = pickle.loads(data)
     root = dict(constants)
@@ -116,7 +119,7 @@ def unpack_graph(data: bytes) -> Any:
             graph.output(resolve(args[0]))
             continue
         made[name] = graph.create_node(op, target, resolve(args), resolve(kwargs), name=name)
-    return torch.fx.GraphModule(root, graph)
+    return _LazyGraphModule(root, graph)
 
 
 def settings() -> dict[str, Any]:
@@ -166,7 +169,14 @@ def compile_part(graph: Any, inputs: list, device: str, options: dict[str, Any])
     mode = FakeTensorMode(allow_fallback_kernels=True, shape_env=ShapeEnv())
     with mode:
         examples = [torch.empty_strided(s, st, dtype=d, device=device) for s, st, d in inputs]
-    with torch._inductor.config.patch(options):
+    # AOTAutograd's key renames the inputs before hashing the graph's code, which costs
+    # two more generations of that code (seconds for a large step): the names here
+    # are the same in every run already (`pack_graph` keeps them).
+    functorch = torch._functorch.config
+    same_names = {"autograd_cache_normalize_inputs": False}
+    if not hasattr(functorch, "autograd_cache_normalize_inputs"):
+        same_names = {}
+    with torch._inductor.config.patch(options), functorch.patch(same_names):
         return torch._inductor.compile(graph, examples)
 
 

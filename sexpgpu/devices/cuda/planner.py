@@ -6,7 +6,11 @@ graph, its schedule's live set, its compiled step), chooses the degree
 (`sexpgpu.devices.cuda.stacking`), measures the chosen step's live set
 with a dry call where a GPU runs it, and returns everything as one value,
 `CudaPlan`, which the device's `report` and `load` take. Nothing outlives
-the call but that value.
+the call but that value, and the numbers each degree's graph gave (live
+set, FLOPs, nodes), kept in the compile cache: a later plan of the same
+graphs reads them there and stacks and schedules only the degree it
+chooses. They are functions of the graphs, nothing timed, so the plan is
+the same either way.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import Op
+from sexpgpu.ir.printer import format_graph
 from sexpgpu.ir.recompute import Recomputation, fit
 from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
@@ -96,6 +101,12 @@ class Planner:
         self._live: dict[int, tuple[Graph, tuple[int, Any]]] = {}  # id(graph) ->
         self._fused: dict[int, FusedGraph | str] = {}
         self._eval: tuple[int, Any] | None = None
+        # Per degree (live set bytes, products' FLOPs, nodes): those the cache held, then
+        # those computed here (`_numbers`).
+        self._text = format_graph(compiled.train_graph, spans=False)
+        self._key = self._plan_key()
+        self._known: dict[int, tuple[int, int, int]] = self._remembered()
+        self._computed: dict[int, tuple[int, int, int]] = {}
 
     def plan(self, moments: int, ranks: int, memory: int | None, shards: int = 1) -> CudaPlan:
         device = self.device
@@ -108,7 +119,7 @@ class Planner:
             return MemoryPlan(budget, parts)
 
         def fits(degree: int, graph: Graph | None = None) -> bool:
-            live = self._live_set(degree) if graph is None else self._live_of(graph)
+            live = (self._numbers(degree)[0], None) if graph is None else self._live_of(graph)
             return plan_at(degree, live).fits
 
         if not any(fits(d) for d in self._degrees()):
@@ -121,6 +132,7 @@ class Planner:
                 if not found.fits:
                     break
         choice = self._choose(fits)
+        self._remember()
         degree = choice.degree
         live, copy_bytes = self._live_set(degree), 0
         memory_plan = plan_at(degree, live)
@@ -192,6 +204,62 @@ class Planner:
             self._stacks[degree] = stack_microbatches(self.compiled.train_graph, degree)
         return self._stacks[degree]
 
+    def _numbers(self, degree: int) -> tuple[int, int, int]:
+        """(live set bytes, products' FLOPs, nodes) of the training graph a call at `degree` runs.
+
+        From the compile cache where an earlier plan of these graphs kept them
+        (the degree is then neither stacked nor scheduled), else from the graph.
+        """
+        if degree in self._recompute:  # a recomputing graph's: never kept
+            graph = self._graph(degree)
+            return self._live_set(degree)[0], matmul_flops(graph), len(graph.nodes())
+        if degree in self._known:
+            return self._known[degree]
+        if degree not in self._computed:
+            graph = self._stacked(degree)
+            self._computed[degree] = (
+                self._live_set(degree)[0],
+                matmul_flops(graph),
+                len(graph.nodes()),
+            )
+        return self._computed[degree]
+
+    def _plan_key(self) -> str | None:
+        """The key of this plan's numbers in the compile cache, or None where none are kept."""
+        from sexpgpu.devices.cuda.compile_cache import plan_key
+        from sexpgpu.devices.cuda.compile_worker import settings
+
+        if self.device.cache is None or len(self._degrees()) == 1:
+            return None  # one degree: its numbers are the plan's own, computed anyway
+        return plan_key(
+            self._text,
+            format_graph(self.compiled.eval_graph, spans=False),
+            self.first,
+            degrees=self._degrees(),
+            settings=settings(),
+        )
+
+    def _remembered(self) -> dict[int, tuple[int, int, int]]:
+        """The numbers an earlier plan of these graphs kept (none where absent or damaged)."""
+        entry = None if self._key is None else self.device.cache.load(self._key, kind="plan")
+        numbers = entry.get("degrees") if entry is not None else None
+        if not isinstance(numbers, dict):
+            return {}
+        return {
+            d: tuple(n)
+            for d, n in numbers.items()
+            if isinstance(d, int)
+            and isinstance(n, tuple)
+            and len(n) == 3
+            and all(isinstance(x, int) for x in n)
+        }
+
+    def _remember(self) -> None:
+        """Keep the numbers computed here beside those found, for the next plan."""
+        if self._key is not None and self._computed:
+            numbers = {**self._known, **self._computed}
+            self.device.cache.save(self._key, {"degrees": numbers}, kind="plan")
+
     def _live_set(self, degree: int) -> tuple[int, Any]:
         """(bytes, node at the peak) of the larger of the training and evaluation schedules."""
         return self._live_of(self._graph(degree))
@@ -260,7 +328,6 @@ class Planner:
             degrees,
             graph_key,
         )
-        from sexpgpu.ir.printer import format_graph
 
         device, compiled, per_rank = self.device, self.compiled, self.per_rank
         if not device.fuse:
@@ -270,15 +337,13 @@ class Planner:
         model = CostModel.for_dtype("bf16" if bf16 else "f32")
         model_ms = {}
         for d in fitting:
-            graph = self._graph(d)
-            moved = 3 * 4 * compiled.param_count + self._live_set(d)[0]
-            calls, nodes = per_rank // d, len(graph.nodes())
-            model_ms[d] = model.step_ms(calls, matmul_flops(graph), moved, nodes)
-        text = format_graph(compiled.train_graph, spans=False)
+            live, flops, nodes = self._numbers(d)
+            moved = 3 * 4 * compiled.param_count + live
+            model_ms[d] = model.step_ms(per_rank // d, flops, moved, nodes)
         return choose(
             fitting,
             model_ms,
-            key=graph_key(text, device.device_name(), per_rank),
+            key=graph_key(self._text, device.device_name(), per_rank),
             # Deterministic runs measure nothing: a measurement may change between runs.
             path=None if device.deterministic and device.on_gpu else choices_path(),
             measure=self._measure if device.on_gpu else None,

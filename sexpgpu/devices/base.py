@@ -147,7 +147,19 @@ class Program(Protocol):
         ...
 
     def host_params(self) -> dict[str, np.ndarray]:
-        """The parameters alone copied to the host (the run's summary)."""
+        """The parameters alone copied to the host (the run's summary).
+
+        Where this rank keeps some parameters as bf16 copies alone, after `gather_params`.
+        """
+        ...
+
+    def gather_params(self) -> None:
+        """Every rank together, before `evaluate`, `activation_rms` or `host_params`.
+
+        Sharded where the step reads bf16 copies, each rank keeps the f32 of
+        its own shard's parameters alone: this brings every f32 parameter
+        onto every rank until its next `accumulate`. Elsewhere it does nothing.
+        """
         ...
 
     def take_peak(self) -> int:

@@ -220,12 +220,17 @@ def scatter_over_ranks(ctx: Any, loss: Any, grads: Mapping[str, Any], shards: Sh
 
 
 def gather_over_ranks(ctx: Any, values: dict[str, Any], shards: Shards) -> None:
-    """Every rank's own entries of `values` (its shard's parameters) written into every rank's."""
+    """Every rank's own entries of `values` (its shard's parameters) written into every rank's.
+
+    `values` holds the same names on every rank, all of one dtype (f32
+    parameters, or bf16 copies: between nodes those travel as f32, exactly).
+    """
     comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
     group, link, size = comms.group, comms.link, comms.group.size
     first = link.node_rank * size  # this node's first rank
     if size > 1:
-        comms.local.all_gather(group, values, [shards.of(first + r) for r in range(size)])
+        owned = [[k for k in shards.of(first + r) if k in values] for r in range(size)]
+        comms.local.all_gather(group, values, owned)
     if link.nodes == 1:
         return
     node = _node_of(shards, size)
@@ -305,7 +310,9 @@ def _unflat(flat: Any, into: dict[str, Any]) -> None:
 
 
 def _host(x: Any) -> Any:
-    return x.detach().cpu().numpy() if is_tensor(x) else x
+    if not is_tensor(x):
+        return x
+    return x.detach().float().cpu().numpy()  # bf16 widened exactly (NumPy has none)
 
 
 def _write(dst: Any, src: Any) -> None:

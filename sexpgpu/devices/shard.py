@@ -15,17 +15,21 @@ one rank sums it, and a sharded run is bitwise an unsharded one::
     parameters   a  b  c  d  e  f        (sizes 4 1 1 2 3 1)
     2 ranks      [a  b][c  d  e  f]      largest shard 7 of 12 elements
 
+Where the step reads bf16 copies of parameters alone (cuda's fused bf16
+step), a rank keeps the f32 master weights of its own shard's alone and
+bf16 copies of the others' (`master_elements` counts them; docs/devices.md).
+
 `choose` decides for a run: by ``SEXPGPU_SHARD_OPTIMIZER`` (1 always, 0
 never), else where the unsharded state does not fit the memory plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Shards", "choose", "largest_shard", "shard_line", "shard_params"]
+__all__ = ["Shards", "choose", "largest_shard", "master_elements", "shard_line", "shard_params"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +134,21 @@ def largest_shard(compiled: Any, shards: int) -> int:
     """The elements of the largest of `compiled`'s parameter shards over `shards` ranks."""
     sizes = {k: info.size for k, info in compiled.params.items()}
     return shard_params(sizes, shards).largest(sizes)
+
+
+def master_elements(compiled: Any, shards: int, copies_only: Sequence[str]) -> int:
+    """The most f32 parameter elements one rank keeps where the step reads `copies_only` as bf16.
+
+    Sharded, a rank keeps the f32 of those alone that it owns (and of every
+    other parameter), and a buffer the size of the largest of the others' that
+    stands in for them in the step's call (never written, never read).
+    """
+    sizes = {k: info.size for k, info in compiled.params.items()}
+    if shards == 1:
+        return sum(sizes.values())
+    cut, alone = shard_params(sizes, shards), set(copies_only)
+    kept = []
+    for rank in range(shards):
+        others = [sizes[k] for k in alone if cut.owner[k] != rank]
+        kept.append(sum(sizes.values()) - sum(others) + max(others, default=0))
+    return max(kept)

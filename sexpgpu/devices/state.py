@@ -17,7 +17,7 @@ in `events` for the run's annotations.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -73,6 +73,10 @@ class StepGraphs(Protocol):
     params: Mapping[str, ParamInfo]
     has_activations: bool
     last_peak_bytes: int  # the most bytes the last call held at once
+    # The parameters the training step reads as bf16 copies alone, never as f32
+    # (cuda's fused bf16 step); where there are some, the graphs keep the copies:
+    # `keep_copies_only`, `copies_of` and `idle_f32` (`sexpgpu.devices.cuda.step_graphs`).
+    copies_only: Sequence[str]
 
     def init_params(self, seed: int) -> dict[str, np.ndarray]:
         """Initial parameters on the host (the same on every device)."""
@@ -119,6 +123,8 @@ class StepGraphs(Protocol):
 
 class SummingGraphs:
     """`StepGraphs.accumulate` as `summed` over ``train_step``: for graphs that return gradients."""
+
+    copies_only: Sequence[str] = ()  # every parameter read as f32
 
     def accumulate(
         self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
@@ -224,6 +230,12 @@ class TrainState:
         self._peak = 0
         self._comms: Any = None  # the ranks the optimizer state is sharded over, if it is
         self.shards: Shards | None = None
+        # Sharded where the step reads bf16 copies alone (`start`): the parameters whose
+        # f32 only their owners keep, this rank's of them, and the f32 stand-ins it feeds.
+        self._copies_only: list[str] = []
+        self.copies_alone: list[str] = []
+        self._stand_ins: dict[str, Any] = {}
+        self._full: dict[str, Any] | None = None  # every f32 parameter (`gather_params`)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -246,13 +258,42 @@ class TrainState:
             {k: info.hidden for k, info in own.items()},
         )
         host = self.graphs.init_params(seed) if state is None else state.params
-        self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in self.params}
+        # Sharded, the f32 master weights the step reads as bf16 copies alone stay with
+        # their owners: this rank keeps the copies of the others' (docs/devices.md).
+        self._copies_only = list(self.graphs.copies_only) if self._comms is not None else []
+        self.copies_alone = [k for k in self._copies_only if k not in own]
+        kept = [k for k in self.params if k not in self.copies_alone]
+        self.values = {k: xp.upload(np.asarray(host[k], np.float32)) for k in kept}
+        self._stand_ins = {}
+        if self.copies_alone:
+            alone = {k: np.asarray(host[k], np.float32) for k in self.copies_alone}
+            self._stand_ins = self.graphs.keep_copies_only(alone)
+        self._full = None
         if state is not None and state.optimizer:  # parameters alone start a fresh optimizer
             self.optimizer.load(state.moments, state.optimizer)
 
+    def gather_params(self) -> None:
+        """Every rank together: each rank's f32 parameters whole, until its next step.
+
+        Only where this rank keeps some as their bf16 copies alone: their f32
+        comes from their owners into the gradient buffers, idle between steps.
+        """
+        if self._copies_only and self._full is None:
+            assert self._sums is None, "between steps only: a step sums into that room"
+            full = {**self.values, **self.graphs.idle_f32(self.copies_alone)}
+            gather_over_ranks(self._comms, {k: full[k] for k in self._copies_only}, self.shards)
+            self._full = {k: full[k] for k in self.params}
+
+    def _f32(self) -> dict[str, Any]:
+        """The f32 parameters whole (`gather_params` first where this rank keeps some as copies)."""
+        if not self.copies_alone:
+            return self.values
+        assert self._full is not None, "gather_params() first: every rank together"
+        return self._full
+
     def host_params(self) -> dict[str, np.ndarray]:
         """The parameters copied to the host (without the optimizer's moments)."""
-        return {k: self.xp.download(v) for k, v in self.values.items()}
+        return {k: self.xp.download(v) for k, v in self._f32().items()}
 
     def host_state(self) -> HostState:
         """The state on the host; sharded, a collective whose moments rank 0 of node 0 holds."""
@@ -260,6 +301,7 @@ class TrainState:
         download = self.xp.download
         moments = {k: download(v) for k, v in self.optimizer.tensors().items()}
         if self._comms is not None:
+            self.gather_params()
             everyone = gather_to_lead(self._comms, moments)
             moments = {} if everyone is None else self._in_order(everyone)
         return HostState(self.host_params(), moments, self.optimizer.scalars())
@@ -273,6 +315,7 @@ class TrainState:
     # -- the step --------------------------------------------------------------------------
 
     def accumulate(self, batch: Mapping[str, np.ndarray]) -> None:
+        self._full = None  # the step writes the gradient buffers that held it
         self._sums = call_with_split(
             lambda parts: self._train(batch, parts),
             self._split,
@@ -284,9 +327,10 @@ class TrainState:
         self._take_events()
 
     def _train(self, batch: Mapping[str, np.ndarray], parts: int) -> Sums:
+        params = {**self.values, **self._stand_ins}
         if parts == 1:
-            return self.graphs.accumulate(self.values, batch, self._sums)
-        return self.graphs.accumulate_pieces(self.values, batch, self._sums, parts)
+            return self.graphs.accumulate(params, batch, self._sums)
+        return self.graphs.accumulate_pieces(params, batch, self._sums, parts)
 
     def local_grad_norm(self) -> float:
         assert self._sums is not None, "accumulate() first"
@@ -351,10 +395,22 @@ class TrainState:
         scale = _times(xp.clip_scale(norm, clip), 1 / divisor)
         if grads:  # a rank past the last parameter owns none
             self.optimizer.queue({k: self.values[k] for k in grads}, grads, scale)
-        gather_over_ranks(self._comms, self.values, self.shards)
+        self._gather_update()
         self._sums = None
         self._take_events()
         return self.stream.read_later(norm)
+
+    def _gather_update(self) -> None:
+        """The owners' updated parameters on every rank: bf16 copies where kept as copies alone."""
+        alone = set(self._copies_only)
+        f32 = {k: v for k, v in self.values.items() if k not in alone}
+        if f32:
+            gather_over_ranks(self._comms, f32, self.shards)
+        if alone:
+            # Owners' copies current (an update may leave them to the next cast), then
+            # written in place into the others' (not counted in their stand-ins' versions).
+            params = {k: self.values.get(k, self._stand_ins.get(k)) for k in self._copies_only}
+            gather_over_ranks(self._comms, self.graphs.copies_of(params), self.shards)
 
     @property
     def asynchronous(self) -> bool:
@@ -363,7 +419,7 @@ class TrainState:
     # -- evaluation and diagnostics ----------------------------------------------------------
 
     def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:
-        loss, output = self.graphs.eval_step(self.values, batch)
+        loss, output = self.graphs.eval_step(self._f32(), batch)
         if target is None:
             return EvalResult(float(loss))
         truth = batch[target]
@@ -374,7 +430,7 @@ class TrainState:
         return bool(self.graphs.has_activations)
 
     def activation_rms(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        return self.graphs.activation_rms(self.values, batch)
+        return self.graphs.activation_rms(self._f32(), batch)
 
     def take_peak(self) -> int:
         peak, self._peak = self._peak, 0

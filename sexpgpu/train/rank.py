@@ -234,10 +234,15 @@ class RankLoop:
             eval_loss=self.last["eval_loss"],
             eval_accuracy=self.last["eval_accuracy"],
             seconds=0.0,
-            params=self.program.host_params() if self.ctx.rank == 0 else {},  # results[0] is kept
+            params=self._final_params(),
             memory=self._peak_line(),
             interrupted=interrupted,
         )
+
+    def _final_params(self) -> dict[str, np.ndarray]:
+        """Rank 0's parameters on the host (results[0] is kept); every rank takes part."""
+        self.program.gather_params()
+        return self.program.host_params() if self.ctx.rank == 0 else {}
 
     def _interrupted(self, step: int) -> None:
         """Stopped after `step` (SIGINT, SIGTERM): a checkpoint there, so nothing is lost."""
@@ -255,15 +260,19 @@ class RankLoop:
         device's memory, and the plan holds one of them at a time.
         """
         host_work = (
-            self._evaluates(step)
+            self._eval_due(step)  # on every rank: each may gather parameters for it
             or self._checkpoints(step)
             or any(d.name == "activation-rms" and step % d.every == 0 for d in self.diagnostics)
         )
         return bool(self.program.asynchronous) and not host_work
 
     def _evaluates(self, step: int) -> bool:
+        return self._eval_due(step) and self.lead
+
+    def _eval_due(self, step: int) -> bool:
+        """Whether the run evaluates after `step` (on the lead; every rank knows)."""
         every = self.s.eval_every
-        return bool(every and (step % every == 0 or step == self.s.steps) and self.lead)
+        return bool(every and (step % every == 0 or step == self.s.steps))
 
     def _checkpoints(self, step: int) -> bool:
         every = self.s.checkpoint_every
@@ -315,6 +324,8 @@ class RankLoop:
         locals_ = queued.locals
         extras = {"peak": max(x["peak"] for x in locals_), "diagnostics": {}}
         extras["events"] = [line for x in locals_ for line in x["events"]]
+        if self._eval_due(step) or any(d.name == "activation-rms" for d in queued.due):
+            self.program.gather_params()  # every rank: the lead reads every f32 parameter
         for d in queued.due:
             extras["diagnostics"] |= DIAGNOSTICS[d.name](self, d, queued)
         times.append(elapsed)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sexpgpu.devices.cpu_device import CpuDevice
-from sexpgpu.devices.shard import Shards, choose, shard_line, shard_params
+from sexpgpu.devices.shard import Shards, choose, master_elements, shard_line, shard_params
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.lang import load_experiment_text
 from sexpgpu.train import run_experiment
@@ -49,6 +49,20 @@ def test_a_rank_past_the_parameters_owns_nothing():
     assert shard_params({"a": 5}, 4) == Shards(4, {"a": 0})
     assert shard_params({"a": 5}, 4).of(3) == []
     assert shard_params({}, 2).owner == {}
+
+
+def test_a_rank_keeps_the_f32_of_its_own_copied_parameters_and_a_stand_in_for_the_rest():
+    from types import SimpleNamespace
+
+    sizes = {"a": 4, "b": 1, "c": 1, "d": 2, "e": 3, "f": 1}
+    compiled = SimpleNamespace(params={k: SimpleNamespace(size=n) for k, n in sizes.items()})
+    assert shard_params(sizes, 2).of(0) == ["a", "b", "c"]  # and d e f: 6 elements each
+    assert master_elements(compiled, 1, list(sizes)) == 12  # unsharded: every f32
+    # rank 0 keeps a b c and a stand-in the size of e (3); rank 1 d e f and one of a (4)
+    assert master_elements(compiled, 2, list(sizes)) == max(6 + 3, 6 + 4)
+    # b read as f32 too: every rank keeps it
+    assert master_elements(compiled, 2, ["a", "c", "d", "e", "f"]) == max(6 + 3, 7 + 4)
+    assert master_elements(compiled, 2, []) == 12  # an f32 step keeps every f32
 
 
 class _Plans:

@@ -113,7 +113,8 @@ class NcclSum:
         import torch
 
         segment = _segment(values, owned)
-        mine = torch.zeros(segment, device=_device_of(values))
+        dtype = next(iter(values.values())).dtype  # f32 parameters, or their bf16 copies
+        mine = torch.zeros(segment, dtype=dtype, device=_device_of(values))
         _pack(mine, [values[k] for k in owned[ctx.rank]])
         everyone = mine.new_empty(ctx.size * segment)
         self._shared(ctx, (mine, everyone), "all_gather", segment)

@@ -131,7 +131,9 @@ class CudaDevice:
         workspace is cuBLAS's (PyTorch takes it from its caching allocator)
         and the optimizer's temporaries, a few of the largest parameter. With
         several ranks, NCCL sums packed copies of the gradients; sharded over
-        `shards` ranks, a GPU keeps its shard's moments alone. Where the
+        `shards` ranks, a GPU keeps its shard's moments alone, and where it
+        measures the step, the f32 of its shard's parameters alone among those
+        the step reads as bf16 copies alone (docs/devices.md). Where the
         plan fits a GPU, a dry call of the compiled step on zeros replaces
         the schedule's live set by the one measured.
         """

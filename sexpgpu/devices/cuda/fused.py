@@ -171,6 +171,7 @@ class FusedGraph:
         self.inputs = [n for n in leaves.values() if n.op is Op.INPUT]
         self.params = [n.name for n in leaves.values() if n.op is Op.PARAM]
         self.copied: list[str] = []  # the parameters read from their bf16 copies
+        self.copies_only: list[str] = []  # of them, those whose f32 the step reads nowhere
         self.kernels: list[Kernel] = []
         with _COMPILING:
             self._compiled = self._compile(examples, cache)
@@ -329,6 +330,7 @@ class FusedGraph:
         first = len(self.inputs)
         copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])
         self.copied = [self.params[i] for i in copied]
+        self.copies_only = [self.params[i] for i in copied if not placeholders[first + i].users]
         return gm
 
     def _inductor(self, gm: torch.fx.GraphModule, options: dict) -> tuple[Any, dict[str, Any]]:
@@ -402,7 +404,8 @@ class FusedGraph:
         position = {id(node): i for i, node in enumerate(self.eager.order)}
         kernels = [(k.name, [position[id(n)] for n in k.nodes], k.sums) for k in self.kernels]
         rewrites = (self.gelu_products, self.sum_products)
-        return {**graphs, "copied": self.copied, "kernels": kernels, "rewrites": rewrites}
+        read = {"copied": self.copied, "copies_only": self.copies_only}
+        return {**graphs, **read, "kernels": kernels, "rewrites": rewrites}
 
     def _load(self, entry: dict[str, Any], options: dict) -> Any | None:
         """The step compiled from a cache entry (Inductor's cache serves the code), or None.
@@ -424,6 +427,7 @@ class FusedGraph:
                 compile_part(unpack_graph(graph), inputs, device, options)
                 for graph, inputs in entry["graphs"]
             ]
+            copies_only = list(entry["copies_only"])
             if entry["parent"] is not None:
                 call = PartedCall(
                     unpack_graph(entry["parent"]), dict(zip(entry["names"], compiled, strict=True))
@@ -434,7 +438,7 @@ class FusedGraph:
             log.warning("compile cache: the entry did not load (%s); compiling again", error)
             return None
         self.kernels = kernels
-        self.copied = list(entry["copied"])
+        self.copied, self.copies_only = list(entry["copied"]), copies_only
         self.gelu_products, self.sum_products = entry["rewrites"]
         self.parts = len(compiled)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sexpgpu.devices.cuda.parallel_compile import CompilePool
-from sexpgpu.devices.shard import largest_shard
+from sexpgpu.devices.shard import largest_shard, master_elements
 from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
@@ -112,10 +112,14 @@ class Planner:
         device = self.device
         budget = detect_budget(device.first, memory)
 
-        def plan_at(degree: int, live: tuple[int, Any], copy_bytes: int = 0) -> MemoryPlan:
-            # Sharded, a GPU keeps its shard's moments alone (devices/shard.py).
+        def plan_at(
+            degree: int, live: tuple[int, Any], copy_bytes: int = 0, copies_only: Any = ()
+        ) -> MemoryPlan:
+            # Sharded, a GPU keeps its shard's moments alone, and the f32 of the parameters
+            # the step reads as bf16 copies alone (devices/shard.py).
             moment_elements = moments * largest_shard(self.compiled, shards)
-            parts = self._parts(degree, moment_elements, ranks, live[0], copy_bytes)
+            masters = 4 * master_elements(self.compiled, shards, copies_only)
+            parts = self._parts(degree, moment_elements, ranks, live[0], copy_bytes, masters)
             return MemoryPlan(budget, parts)
 
         def fits(degree: int, graph: Graph | None = None) -> bool:
@@ -141,7 +145,8 @@ class Planner:
             measured = self._dry_call(degree)
             if measured is not None:
                 live, copy_bytes = measured
-                memory_plan = plan_at(degree, live, copy_bytes)
+                only = self._fused_graph(degree).copies_only  # type: ignore[union-attr]
+                memory_plan = plan_at(degree, live, copy_bytes, only)
         # Compiled here where a device can run it; without a GPU, the run's load compiles it.
         compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
         recompute = self._recompute.get(degree)
@@ -174,7 +179,13 @@ class Planner:
         return self._stacked(degree) if recompute is None else recompute.graph
 
     def _parts(
-        self, degree: int, moment_elements: int, ranks: int, live: int, copy_bytes: int
+        self,
+        degree: int,
+        moment_elements: int,
+        ranks: int,
+        live: int,
+        copy_bytes: int,
+        masters: int,
     ) -> dict[str, int]:
         device, compiled = self.device, self.compiled
         params = 4 * compiled.param_count
@@ -182,7 +193,7 @@ class Planner:
         fed = _fed_param_bytes(compiled.train_graph)
         largest = max((4 * info.size for info in compiled.params.values()), default=0)
         return {
-            "parameters": params,
+            "parameters": masters,  # sharded, less where the step reads bf16 copies alone
             # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
             "parameter copies": copy_bytes,
             "optimizer": 4 * moment_elements,

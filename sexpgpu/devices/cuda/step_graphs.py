@@ -4,7 +4,8 @@ The training graph runs as a `sexpgpu.devices.cuda.fused.FusedGraph` where
 it was compiled (Inductor's kernels summing into buffers kept for the run,
 a CUDA graph on a GPU), `degree` microbatches per call; otherwise, and for
 the evaluation and activation graphs, op by op through
-`sexpgpu.devices.cuda.executor.TorchGraph`.
+`sexpgpu.devices.cuda.executor.TorchGraph`. Sharded, the parameters it reads
+as bf16 copies alone may be kept as those copies alone (`keep_copies_only`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class TorchGraphs(SummingGraphs):
         self._pending: list[Mapping[str, np.ndarray]] = []
         self._pieces: dict[int, TorchGraphs | None] = {}
         self._buffers: Sums | None = None
+        self._stand_ins: dict[str, torch.Tensor] = {}  # parameters kept as their copies alone
 
     @functools.cached_property
     def _train(self) -> TorchGraph:
@@ -101,6 +103,51 @@ class TorchGraphs(SummingGraphs):
         self._pending = []
         sums.count += self.degree
         return sums
+
+    @property
+    def copies_only(self) -> list[str]:
+        """The parameters the fused step reads as bf16 copies alone (their f32 nowhere)."""
+        return [] if self.fused is None else list(self.fused.copies_only)
+
+    def keep_copies_only(self, host: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Stand-ins for the f32 parameters of `host`, whose bf16 copies alone are kept.
+
+        The fused call takes every parameter's f32 operand but reads none of
+        these: each stand-in is a view of one buffer never written (the size
+        of the largest of them), so its copy is never cast again from it.
+        The copies are cast here from `host`'s f32, as the step would cast them.
+        """
+        largest = max((int(np.size(v)) for v in host.values()), default=0)
+        scratch = torch.empty(largest, dtype=torch.float32, device=self.device)
+        for k, value in host.items():
+            stand_in = scratch[: value.size].view(value.shape)
+            (copy,) = self.copies.current([stand_in])
+            copy.copy_(torch.from_numpy(np.array(value, np.float32)).to(self.device).to(copy.dtype))
+            self._stand_ins[k] = stand_in
+        return dict(self._stand_ins)
+
+    def copies_of(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The bf16 copies of `params` (f32 parameters or stand-ins), current."""
+        return dict(zip(params, self.copies.current(list(params.values())), strict=True))
+
+    def idle_f32(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Between steps, f32 room for parameters `names`: their gradient buffers, idle then."""
+        if self._buffers is None:
+            self._zeroed()
+        assert self._buffers is not None
+        return {k: self._buffers.grads[k] for k in names}
+
+    def accumulate_pieces(
+        self,
+        params: Mapping[str, Any],
+        batch: Mapping[str, np.ndarray],
+        sums: Sums | None,
+        parts: int,
+    ) -> Sums:
+        # Op by op, a parameter kept as its copy alone is read as the copy widened:
+        # the graph reads it only through its cast to bf16, which gives the copy back.
+        widened = {k: c.float() for k, c in self.copies_of(self._stand_ins).items()}
+        return super().accumulate_pieces({**params, **widened}, batch, sums, parts)
 
     def pieces(self, parts: int) -> TorchGraphs | None:
         """The training graph at ``1 / parts`` of the rows, op by op (after allocations failed)."""

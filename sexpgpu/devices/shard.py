@@ -13,7 +13,7 @@ are in the parameters' order, so the clipping norm is summed in the order
 one rank sums it, and a sharded run is bitwise an unsharded one::
 
     parameters   a  b  c  d  e  f        (sizes 4 1 1 2 3 1)
-    2 ranks      [a  b][c  d  e  f]      largest shard 7 of 12 elements
+    2 ranks      [a  b  c][d  e  f]      largest shard 6 of 12 elements
 
 Where the step reads bf16 copies of parameters alone (cuda's fused bf16
 step), a rank keeps the f32 master weights of its own shard's alone and

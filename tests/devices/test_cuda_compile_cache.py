@@ -154,7 +154,7 @@ def _smoke_gpt() -> Any:
 
 
 def _plan_and_stacked(
-    compiled: Any, memory: int, monkeypatch, microbatches: int = 4
+    compiled: Any, memory: int, monkeypatch, microbatches: int = 4, deterministic: bool = False
 ) -> tuple[Any, list[int]]:
     """The cuda plan without a GPU (from the graphs, as `explain`), and the degrees it stacked."""
     from sexpgpu.ir import stack
@@ -167,7 +167,7 @@ def _plan_and_stacked(
         return real(graph, degree)
 
     monkeypatch.setattr(stack, "stack_microbatches", counted)
-    device = CudaDevice()
+    device = CudaDevice(deterministic=deterministic)
     plan = device.plan(compiled, moments=2, ranks=1, memory=memory, microbatches=microbatches)
     monkeypatch.setattr(stack, "stack_microbatches", real)
     return plan, stacked
@@ -216,6 +216,27 @@ def test_a_second_plan_reads_each_degrees_numbers_and_stacks_only_its_choice(
     monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "fresh"))
     cold_tight, _ = _plan_and_stacked(compiled, tight, monkeypatch)
     _same_plans(cold_tight, warm_tight)
+
+
+@pytest.mark.usefixtures("no_gpu")
+def test_a_deterministic_plan_keeps_numbers_of_its_own_and_plans_alike(
+    tmp_path: Path, monkeypatch
+) -> None:
+    compiled = _smoke_gpt()
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        _plan_and_stacked(compiled, 2**40, monkeypatch)
+        cold, _ = _plan_and_stacked(compiled, 2**40, monkeypatch, deterministic=True)
+        warm, stacked = _plan_and_stacked(compiled, 2**40, monkeypatch, deterministic=True)
+    finally:  # the process's switches as the other tests expect them
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
+    # The mode is among the settings the key names: its numbers are kept apart.
+    assert len(list((tmp_path / "cache" / "plans").glob("*.plan"))) == 2
+    assert stacked == ([cold.choice.degree] if cold.choice.degree > 1 else [])
+    _same_plans(cold, warm)
 
 
 @pytest.mark.usefixtures("no_gpu")

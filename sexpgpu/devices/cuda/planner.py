@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -33,11 +33,32 @@ from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
     from sexpgpu.devices.cuda.compile_cache import StepCache
-    from sexpgpu.devices.cuda.device import CudaDevice
     from sexpgpu.devices.cuda.fused import FusedGraph
     from sexpgpu.devices.cuda.stacking import Choice
 
 __all__ = ["CudaPlan", "Planner", "fused_graph"]
+
+
+class PlanningDevice(Protocol):
+    """What a `Planner` reads of its device (`sexpgpu.devices.cuda.device.CudaDevice`).
+
+    A protocol, not an import: the device imports the planner.
+    """
+
+    torch: Any
+    kind: str  # "cuda", or "cpu" for PyTorch's CPU device
+    first: str  # the torch device the plan is made on
+    on_gpu: bool
+    fuse: bool
+    deterministic: bool
+    cache: StepCache | None
+
+    @property
+    def captures(self) -> bool: ...
+
+    def library_workspace(self) -> int: ...
+
+    def device_name(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +112,7 @@ class Planner:
     """
 
     def __init__(
-        self, device: CudaDevice, compiled: CompiledRun, per_rank: int, pool: CompilePool
+        self, device: PlanningDevice, compiled: CompiledRun, per_rank: int, pool: CompilePool
     ) -> None:
         self.device, self.compiled, self.per_rank, self.pool = device, compiled, per_rank, pool
         self.torch = device.torch

@@ -18,6 +18,7 @@ until a cuda device is used or asked about.
 - `sexpgpu.runtime.nodes`: `NodeLink`, the rendezvous of several nodes and
   cross-node sums (torch.distributed).
 - `sexpgpu.runtime.probe`: the host's versions and GPUs, for ``sexpgpu doctor``.
+- `sexpgpu.runtime.files`: files written whole or not at all (`replace_whole`).
 """
 
 from sexpgpu.runtime.config import RuntimeConfig, check_env

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from sexpgpu.runtime.files import replace_whole
+
 __all__ = [
     "REDUCERS",
     "SUPERSEDED",
@@ -71,7 +73,7 @@ class MetricsLog:
                 self.path.with_name(SUPERSEDED),
                 [r | {"superseded": f"{why}, {stamp}"} for r in moved],
             )
-        _atomic_write(self.path, "".join(_line(r) for r in kept))
+        replace_whole(self.path, "".join(_line(r) for r in kept), sync=True)
         losses = [r for r in kept if r["name"] == "train/loss"]
         last = max(losses, key=lambda r: r["step"], default=None)
         # The last step recorded: status.json says the same after any stop.
@@ -151,15 +153,6 @@ def _append(path: Path, records: list[dict[str, Any]]) -> None:
         os.fsync(f.fileno())
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_status(
     path: Path,
     *,
@@ -180,4 +173,4 @@ def write_status(
         "state": state,  # "running", "done", "failed" or "interrupted"
         "updated": time.time(),
     }
-    _atomic_write(Path(path), json.dumps(status, indent=1) + "\n")
+    replace_whole(Path(path), json.dumps(status, indent=1) + "\n", sync=True)

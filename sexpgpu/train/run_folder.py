@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.runtime.files import replace_whole
 
 __all__ = [
     "RECORD",
@@ -238,9 +239,7 @@ def _read_owner(path: Path) -> dict[str, str] | None:
 def _write_owner(path: Path, owner: Mapping[str, Any]) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        tmp = path / f".{RECORD}.tmp"
-        tmp.write_text(json.dumps({"format": _FORMAT, **owner}, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path / RECORD)
+        replace_whole(path / RECORD, json.dumps({"format": _FORMAT, **owner}, indent=1) + "\n")
     except OSError as err:
         raise SexpgpuError(
             "E-CLI-001",

@@ -34,7 +34,6 @@ and compiled again. Deleting the folder costs a compile, nothing else.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -44,10 +43,11 @@ import os
 import pickle
 import platform
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from sexpgpu.runtime.files import replace_whole
 
 __all__ = ["FORMAT", "StepCache", "open_cache", "plan_key", "step_key"]
 
@@ -114,15 +114,10 @@ class StepCache:
         path = self._path(key, kind)
         body = pickle.dumps({**entry, "format": FORMAT}, protocol=pickle.HIGHEST_PROTOCOL)
         data = _MAGIC + hashlib.sha256(body).hexdigest().encode("ascii") + body
-        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_bytes(data)
-            os.replace(partial, path)
+            replace_whole(path, data)
         except OSError as error:  # a cache that cannot be written costs a compile next time
             log.warning("compile cache: %s not saved (%s)", path, error)
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
 
 
 def open_cache(environ: Mapping[str, str]) -> StepCache | None:
@@ -157,10 +152,9 @@ def step_key(
         "graph": hashlib.sha256(graph_text.encode()).hexdigest(),
         "sums": list(sums),
         "overwrite": overwrite,
-        "options": {k: repr(v) for k, v in sorted(options.items())},
-        "settings": {k: repr(v) for k, v in sorted(settings.items())},
+        "options": _texts(options),
     }
-    return _digest(material, device)
+    return _digest(material, device, settings)
 
 
 def plan_key(
@@ -175,17 +169,20 @@ def plan_key(
         "train": hashlib.sha256(train_text.encode()).hexdigest(),
         "eval": hashlib.sha256(eval_text.encode()).hexdigest(),
         "degrees": list(degrees),
-        "settings": {k: repr(v) for k, v in sorted(settings.items())},
     }
-    return _digest(material, device)
+    return _digest(material, device, settings)
 
 
-def _digest(material: Mapping[str, Any], device: Any) -> str:
-    """A key of `material`, the device and the libraries' versions (sexpgpu's sources too)."""
-    text = json.dumps(
-        {**material, "device": _device_facts(device), "versions": _versions()}, sort_keys=True
-    )
+def _digest(material: Mapping[str, Any], device: Any, settings: Mapping[str, Any]) -> str:
+    """A key of `material`, the device, the process's settings and the libraries' versions
+    (sexpgpu's sources too)."""
+    facts = {"device": _device_facts(device), "versions": _versions()}
+    text = json.dumps({**material, **facts, "settings": _texts(settings)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _texts(values: Mapping[str, Any]) -> dict[str, str]:
+    return {k: repr(v) for k, v in sorted(values.items())}
 
 
 def _device_facts(device: Any) -> dict[str, Any]:

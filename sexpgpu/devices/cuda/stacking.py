@@ -26,16 +26,17 @@ kernels, so it is trusted only where it sees a clear difference.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sexpgpu.runtime.config import cache_dir
+from sexpgpu.runtime.files import replace_whole
 
 __all__ = ["MARGIN", "Choice", "CostModel", "choices_path", "choose", "degrees", "graph_key"]
 
@@ -119,14 +120,9 @@ def _remember(path: Path, key: str, entry: dict[str, Any]) -> None:
     except (OSError, ValueError):
         table = {}
     table[key] = entry
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A name of its own: runs that remember at once never write one file.
-        partial = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_text(json.dumps(table, indent=1, sort_keys=True))
-        partial.replace(path)
-    except OSError:
-        pass  # a cache that cannot be written costs a measurement next time, nothing else
+    # A cache that cannot be written costs a measurement next time, nothing else.
+    with contextlib.suppress(OSError):
+        replace_whole(path, json.dumps(table, indent=1, sort_keys=True))
 
 
 def _numbers(ms: Mapping[int, float], model: Mapping[int, float]) -> str:

@@ -169,7 +169,7 @@ def sum_over_ranks(ctx: Any, loss: Any, grads: Mapping[str, Any]) -> tuple[Any, 
         device's loss is returned as it is: it is read once the update is
         queued.
     """
-    comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
+    comms = _comms(ctx)
     group, link = comms.group, comms.link
     grads = dict(grads)
     if group.size > 1:
@@ -196,7 +196,7 @@ def scatter_over_ranks(ctx: Any, loss: Any, grads: Mapping[str, Any], shards: Sh
     this rank's parameters' gradient sums, by name. The other entries of
     `grads` are left as they were (partial sums).
     """
-    comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
+    comms = _comms(ctx)
     group, link, size = comms.group, comms.link, comms.group.size
     grads = dict(grads)
     if link.nodes == 1:
@@ -225,7 +225,7 @@ def gather_over_ranks(ctx: Any, values: dict[str, Any], shards: Shards) -> None:
     `values` holds the same names on every rank, all of one dtype (f32
     parameters, or bf16 copies: between nodes those travel as f32, exactly).
     """
-    comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
+    comms = _comms(ctx)
     group, link, size = comms.group, comms.link, comms.group.size
     first = link.node_rank * size  # this node's first rank
     if size > 1:
@@ -251,7 +251,7 @@ def gather_over_ranks(ctx: Any, values: dict[str, Any], shards: Shards) -> None:
 
 def allgather_over_ranks(ctx: Any, value: Any) -> list[Any]:
     """Every rank's JSON-able host `value`, in global rank order, on every rank."""
-    comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
+    comms = _comms(ctx)
     group, link = comms.group, comms.link
     everyone = group.allgather(value)
     if link.nodes == 1:
@@ -264,7 +264,7 @@ def allgather_over_ranks(ctx: Any, value: Any) -> list[Any]:
 
 def gather_to_lead(ctx: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     """Every rank's float32 host `arrays` together on rank 0 of node 0; None elsewhere."""
-    comms = ctx if isinstance(ctx, Comms) else Comms(ctx)
+    comms = _comms(ctx)
     group, link = comms.group, comms.link
     got = group.gather(dict(arrays), root=0)
     if got is None:
@@ -282,6 +282,11 @@ def gather_to_lead(ctx: Any, arrays: Mapping[str, np.ndarray]) -> dict[str, np.n
             _unflat(flat, arrays_of)
             mine |= arrays_of
     return mine
+
+
+def _comms(ctx: Any) -> Comms:
+    """`ctx` as a `Comms`: it is one, or a bare `RankContext` of one node."""
+    return ctx if isinstance(ctx, Comms) else Comms(ctx)
 
 
 def _node_of(shards: Shards, size: int) -> dict[str, int]:

@@ -22,18 +22,32 @@ for part in $parts; do
   tests)
     timeout ${TEST_TIMEOUT:-900} python3 -m pytest -m gpu -q -p no:cacheprovider tests \
       > "$OUT/gpu_tests.log" 2>&1; tail -25 "$OUT/gpu_tests.log" ;;
-  trace)  # where runs part: each step's gradients of three runs of the test's GPT, compared
+  trace)  # where runs part: each step's gradients of runs of the test's GPT, compared.
+    # TRACE_PROBES takes one suspect away per entry (dev/step_trace.py): none, graphs (no
+    # CUDA graphs), fill (NaN in memory never written), mb1 (one microbatch), noeval.
     python3 - <<'PY' > /tmp/trace.lisp
 import re
 text = open("tests/devices/test_cuda_determinism.py").read()
-print(re.search(r'GPT = """(.*?)"""', text, re.S).group(1).replace(":steps 8", ":steps 12"))
+print(re.search(r'GPT = """(.*?)"""', text, re.S).group(1).replace(":steps 8", ":steps ${TRACE_STEPS:-12}"))
 PY
-    rm -rf /tmp/trace-*
-    for r in a b c; do
-      SEXPGPU_DETERMINISTIC=1 SEXPGPU_DEVICE=cuda timeout 200 python3 dev/step_trace.py record /tmp/trace-$r.npz \
-        -- run /tmp/trace.lisp --out /tmp/trace-$r > "$OUT/trace_$r.log" 2>&1 || echo "trace $r: exit $?"
-    done
-    python3 dev/step_trace.py compare /tmp/trace-a.npz /tmp/trace-b.npz /tmp/trace-c.npz | tee "$OUT/trace.log" ;;
+    sed 's/:microbatches 2/:microbatches 1/' /tmp/trace.lisp > /tmp/trace-mb1.lisp
+    sed -e 's/ :eval (every 4 :batches 2) :checkpoint (every 4 "checkpoints")//' /tmp/trace.lisp > /tmp/trace-noeval.lisp
+    for probe in ${TRACE_PROBES:-none}; do
+      file=/tmp/trace.lisp; probe_env=()
+      case $probe in
+        graphs) probe_env=(STEP_TRACE_GRAPHS=0) ;;
+        fill) probe_env=(STEP_TRACE_FILL=1) ;;
+        mb1|noeval) file=/tmp/trace-$probe.lisp ;;
+      esac
+      rm -rf /tmp/trace-$probe-*
+      for r in ${TRACE_RUNS:-a b c}; do
+        env "${probe_env[@]}" SEXPGPU_DETERMINISTIC=1 SEXPGPU_DEVICE=cuda timeout 200 python3 dev/step_trace.py \
+          record /tmp/trace-$probe-$r.npz -- run $file --out /tmp/trace-$probe-$r > "$OUT/trace_${probe}_$r.log" 2>&1 \
+          || echo "trace $probe $r: exit $?"
+      done
+      echo "-- probe $probe"
+      python3 dev/step_trace.py compare /tmp/trace-$probe-*.npz | tee "$OUT/trace_$probe.log"
+    done ;;
   detest)  # the determinism test alone (a small bf16 GPT)
     timeout ${DETEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/devices/test_scatter_rows_kernel.py tests/devices/test_cuda_determinism.py \
       > "$OUT/determinism_test.log" 2>&1; tail -15 "$OUT/determinism_test.log" ;;

@@ -49,8 +49,50 @@ def record(path: str, argv: list[str]) -> int:
         np.savez(path, **out)
 
     state.TrainState.update = recorded
+    _probes()
     atexit.register(save)
     return cli.main(argv)
+
+
+def _probes() -> None:
+    """Switches that take one suspect away, named by the environment (for bisecting sources).
+
+    STEP_TRACE_GRAPHS=0: no CUDA graphs (every call plain). STEP_TRACE_FILL=1: PyTorch
+    fills uninitialized memory with NaN (a read of memory never written shows).
+    """
+    import os
+
+    if os.environ.get("STEP_TRACE_GRAPHS") == "0":
+        from sexpgpu.devices.cuda import replay
+
+        init = replay.Replay.__init__
+
+        def plain(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.enabled = False
+
+        replay.Replay.__init__ = plain
+    if os.environ.get("STEP_TRACE_FILL") == "1":
+        import torch
+
+        from sexpgpu.devices.cuda import process
+
+        opened = process.open_settings
+
+        def filled(determinism: bool) -> None:
+            opened(determinism)
+            torch.utils.deterministic.fill_uninitialized_memory = True
+
+        process.open_settings = filled
+
+
+def _where(a: np.ndarray, b: np.ndarray) -> str:
+    """The rows and columns where two 2-D arrays differ (a few of each)."""
+    if a.ndim != 2:
+        return ""
+    rows, cols = np.nonzero(a != b)
+    ur, uc = np.unique(rows), np.unique(cols)
+    return f"; rows {ur[:12].tolist()} ({len(ur)}), columns {uc[:12].tolist()} ({len(uc)})"
 
 
 def compare(paths: list[str], shown: int = 2) -> None:
@@ -72,7 +114,8 @@ def compare(paths: list[str], shown: int = 2) -> None:
                 for k in grads[:8]:
                     d = x[k] != y[k]
                     print(f"    {k.split('/', 2)[2]}: {int(d.sum())} of {d.size} elements, "
-                          f"largest difference {float(np.abs(x[k] - y[k]).max()):.3g}")  # fmt: skip
+                          f"largest difference {float(np.abs(x[k] - y[k]).max()):.3g}"
+                          f"{_where(x[k], y[k]) if len(grads) <= 4 else ''}")  # fmt: skip
                 parted += 1
                 if parted >= shown:
                     break

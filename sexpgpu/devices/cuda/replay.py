@@ -17,6 +17,7 @@ said in `events` (the run's annotations) where the caller keeps them.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,13 @@ import torch
 __all__ = ["Replay"]
 
 log = logging.getLogger(__name__)
+
+# One capture at a time in a process: PyTorch's generator state admits one capture
+# per device, and ranks sharing a GPU capture from threads of their own.
+_CAPTURING = threading.Lock()
+# Graphs whose capture failed: PyTorch aborts the process when one is destroyed
+# (it unregisters a graph that was never registered), so they are kept.
+_REFUSED: list[Any] = []
 
 
 class Replay:
@@ -81,12 +89,13 @@ class Replay:
             self._seen = key
             return plain()
         self._graph = self._result = None  # the old graph's memory goes first
+        graph = torch.cuda.CUDAGraph()
         try:
-            graph = torch.cuda.CUDAGraph()
             # Other ranks' threads keep working on their GPUs while this one captures.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with _CAPTURING, torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 result = queue()
         except RuntimeError as error:  # nothing ran: a capture only records
+            _REFUSED.append(graph)
             self.refused = f"{type(error).__name__}: {error}"
             log.warning("no CUDA graph of the %s (%s); it runs without one", self.what, error)
             self._note(f"{self.what}: no CUDA graph ({self.refused}); launched each step")

@@ -5,7 +5,7 @@
 # step within 5 s (a third run loads it with TORCHINDUCTOR_COMPILE_THREADS=1, to compare).
 # Then, optionally, the cold first step against torch.compile's.
 # Logs under $OUT. Run from the repository root:
-#   bash benches/cache_session.sh [runs|compare]...   (default: runs)
+#   bash benches/cache_session.sh [runs|profile|compare]...   (default: runs)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/sexpgpu-out}
@@ -56,6 +56,14 @@ for part in $parts; do
     # starting its pool of compile processes.
     TORCHINDUCTOR_COMPILE_THREADS=1 one_run warm-1thread
     du -sh "$CACHE"/* 2>/dev/null ;;
+  profile)
+    # Where a warm start's seconds go: one more warm run under cProfile (after `runs`).
+    XDG_CACHE_HOME=$CACHE SEXPGPU_DEVICE=$DEVICE python3 -m cProfile -o "$OUT/warm.prof" \
+      -m sexpgpu run examples/gpt.lisp $ARGS --steps 1 --out /tmp/cache-session-profiled \
+      > "$OUT/cache_profiled.log" 2>&1
+    grep "first step after" "$OUT/cache_profiled.log"
+    python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
+      "$OUT/warm.prof" | tail -60 ;;
   compare)
     # Cold first steps, each side with empty caches of its own (benches/gpt2_cuda.py's).
     timeout ${BENCH_TIMEOUT:-590} python3 benches/gpt2_cuda.py --batches 16 \

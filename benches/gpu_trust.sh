@@ -25,10 +25,11 @@ for part in $parts; do
   trace)  # where runs part: each step's gradients of runs of the test's GPT, compared.
     # TRACE_PROBES takes one suspect away per entry (dev/step_trace.py): none, graphs (no
     # CUDA graphs), fill (NaN in memory never written), mb1 (one microbatch), noeval.
-    python3 - <<'PY' > /tmp/trace.lisp
-import re
+    TRACE_STEPS=${TRACE_STEPS:-12} python3 - <<'PY' > /tmp/trace.lisp
+import os, re
 text = open("tests/devices/test_cuda_determinism.py").read()
-print(re.search(r'GPT = """(.*?)"""', text, re.S).group(1).replace(":steps 8", ":steps ${TRACE_STEPS:-12}"))
+steps = os.environ["TRACE_STEPS"]
+print(re.search(r'GPT = """(.*?)"""', text, re.S).group(1).replace(":steps 8", f":steps {steps}"))
 PY
     sed 's/:microbatches 2/:microbatches 1/' /tmp/trace.lisp > /tmp/trace-mb1.lisp
     sed -e 's/ :eval (every 4 :batches 2) :checkpoint (every 4 "checkpoints")//' /tmp/trace.lisp > /tmp/trace-noeval.lisp
@@ -41,7 +42,7 @@ PY
       esac
       rm -rf /tmp/trace-$probe-*
       for r in ${TRACE_RUNS:-a b c}; do
-        env "${probe_env[@]}" SEXPGPU_DETERMINISTIC=1 SEXPGPU_DEVICE=cuda timeout 200 python3 dev/step_trace.py \
+        env "${probe_env[@]}" SEXPGPU_DETERMINISTIC=1 SEXPGPU_DEVICE=${TRACE_DEVICE:-cuda} timeout 200 python3 dev/step_trace.py \
           record /tmp/trace-$probe-$r.npz -- run $file --out /tmp/trace-$probe-$r > "$OUT/trace_${probe}_$r.log" 2>&1 \
           || echo "trace $probe $r: exit $?"
       done

@@ -101,6 +101,9 @@ def compare(paths: list[str], shown: int = 2) -> None:
         for b in paths[i + 1 :]:
             x, y = traces[a], traces[b]
             steps = sorted({int(k.split("/")[0]) for k in x.files})
+            if not steps or set(x.files) != set(y.files):
+                print(f"{a} against {b}: not comparable (a run recorded no steps, or others)")
+                continue
             parted = 0
             print(f"{a} against {b}:")
             for step in steps:

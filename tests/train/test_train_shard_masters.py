@@ -163,7 +163,10 @@ def test_the_plan_counts_a_gpu_s_own_master_weights():
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment_text
 
+    # Two hidden layers of one size: a rank's shard never holds every large weight (with
+    # one, the stand-in for it costs what sharding saves).
     text = mlp_text(hidden=64).replace(":seed 3", ':seed 3 :dtype "bf16"')
+    text = text.replace("(linear hidden) tanh", "(linear hidden) tanh (linear hidden) tanh")
     experiment = load_experiment_text(text)
     compiled = compile_run(experiment, experiment.run(None))
     device = CudaDevice("cuda")

@@ -33,8 +33,9 @@ def record(path: str, argv: list[str]) -> int:
 
     def recorded(self, lr, clip):
         sums = self._sums
-        steps.append((keep(sums.loss), {k: keep(v) for k, v in sums.grads.items()},
-                      {k: keep(v) for k, v in self.values.items()}))  # fmt: skip
+        grads = {k: keep(v) for k, v in sums.grads.items()} | dict(_CALLS)
+        _CALLS.clear()
+        steps.append((keep(sums.loss), grads, {k: keep(v) for k, v in self.values.items()}))
         return update(self, lr, clip)
 
     def host(x) -> np.ndarray:
@@ -54,13 +55,31 @@ def record(path: str, argv: list[str]) -> int:
     return cli.main(argv)
 
 
+_CALLS: list[tuple[str, object]] = []  # operands of the step's calls kept by a probe
+
+
 def _probes() -> None:
     """Switches that take one suspect away, named by the environment (for bisecting sources).
 
     STEP_TRACE_GRAPHS=0: no CUDA graphs (every call plain). STEP_TRACE_FILL=1: PyTorch
     fills uninitialized memory with NaN (a read of memory never written shows).
+    STEP_TRACE_SCATTER=1: each `scatter_rows` call's ids, rows and table are kept
+    with the step (`~scatterN/...`; with STEP_TRACE_GRAPHS=0, every step's).
     """
     import os
+
+    if os.environ.get("STEP_TRACE_SCATTER") == "1":
+        from sexpgpu.devices.cuda import scatter_rows
+
+        launch = scatter_rows.launch
+
+        def kept(ids, rows, out):
+            launch(ids, rows, out)
+            n = len(_CALLS) // 3
+            _CALLS.extend([(f"~scatter{n}/ids", ids.clone()), (f"~scatter{n}/rows", rows.clone()),
+                           (f"~scatter{n}/out", out.clone())])  # fmt: skip
+
+        scatter_rows.launch = kept
 
     if os.environ.get("STEP_TRACE_GRAPHS") == "0":
         from sexpgpu.devices.cuda import replay
@@ -114,11 +133,11 @@ def compare(paths: list[str], shown: int = 2) -> None:
                 grads = [k for k in bad if "/grad/" in k]
                 params, loss = sum("/param/" in k for k in bad), f"{step}/loss" in bad
                 print(f"  step {step}: {len(grads)} gradients, {params} parameters, loss {loss}")
-                for k in grads[:8]:
+                for k in grads[:12]:
                     d = x[k] != y[k]
                     print(f"    {k.split('/', 2)[2]}: {int(d.sum())} of {d.size} elements, "
                           f"largest difference {float(np.abs(x[k] - y[k]).max()):.3g}"
-                          f"{_where(x[k], y[k]) if len(grads) <= 4 else ''}")  # fmt: skip
+                          f"{_where(x[k], y[k]) if len(grads) <= 8 else ''}")  # fmt: skip
                 parted += 1
                 if parted >= shown:
                     break

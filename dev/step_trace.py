@@ -65,8 +65,29 @@ def _probes() -> None:
     fills uninitialized memory with NaN (a read of memory never written shows).
     STEP_TRACE_SCATTER=1: each `scatter_rows` call's ids, rows and table are kept
     with the step (`~scatterN/...`; with STEP_TRACE_GRAPHS=0, every step's).
+    STEP_TRACE_KERNEL=NAME: the same for each call of an Inductor kernel whose name
+    holds NAME, every tensor operand before (`~kN/inI`) and after it (`~kN/outI`).
     """
     import os
+
+    if name := os.environ.get("STEP_TRACE_KERNEL"):
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+        run = CachingAutotuner.run
+
+        def watched(self, *args, **kwargs):
+            if name not in str(self.inductor_meta.get("kernel_name", "")):
+                return run(self, *args, **kwargs)
+            import torch
+
+            n = sum(k.endswith("/in0") for k, _ in _CALLS)
+            tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            _CALLS.extend((f"~k{n}/in{i}", a.clone()) for i, a in tensors)
+            result = run(self, *args, **kwargs)
+            _CALLS.extend((f"~k{n}/out{i}", a.clone()) for i, a in tensors)
+            return result
+
+        CachingAutotuner.run = watched
 
     if os.environ.get("STEP_TRACE_SCATTER") == "1":
         from sexpgpu.devices.cuda import scatter_rows
@@ -133,11 +154,12 @@ def compare(paths: list[str], shown: int = 2) -> None:
                 grads = [k for k in bad if "/grad/" in k]
                 params, loss = sum("/param/" in k for k in bad), f"{step}/loss" in bad
                 print(f"  step {step}: {len(grads)} gradients, {params} parameters, loss {loss}")
-                for k in grads[:12]:
+                # A probe's operands first (they say where the parting began), then gradients.
+                for k in sorted(grads, key=lambda k: "/~" not in k)[:40]:
                     d = x[k] != y[k]
                     print(f"    {k.split('/', 2)[2]}: {int(d.sum())} of {d.size} elements, "
                           f"largest difference {float(np.abs(x[k] - y[k]).max()):.3g}"
-                          f"{_where(x[k], y[k]) if len(grads) <= 8 else ''}")  # fmt: skip
+                          f"{_where(x[k], y[k])}")  # fmt: skip
                 parted += 1
                 if parted >= shown:
                     break

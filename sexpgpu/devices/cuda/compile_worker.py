@@ -176,7 +176,11 @@ def compile_part(graph: Any, inputs: list, device: str, options: dict[str, Any])
     same_names = {"autograd_cache_normalize_inputs": False}
     if not hasattr(functorch, "autograd_cache_normalize_inputs"):
         same_names = {}
-    with torch._inductor.config.patch(options), functorch.patch(same_names):
+    from sexpgpu.devices.cuda import readback_barrier
+
+    readback_barrier.install()
+    barrier = readback_barrier.options()
+    with torch._inductor.config.patch({**options, **barrier}), functorch.patch(same_names):
         return torch._inductor.compile(graph, examples)
 
 

@@ -89,8 +89,9 @@ class Replay:
             self._seen = key
             return plain()
         self._graph = self._result = None  # the old graph's memory goes first
-        graph = torch.cuda.CUDAGraph()
+        graph = None
         try:
+            graph = torch.cuda.CUDAGraph()
             # Other ranks' threads keep working on their GPUs while this one captures.
             with _CAPTURING, torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 result = queue()

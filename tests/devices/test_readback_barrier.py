@@ -57,10 +57,24 @@ def test_a_load_after_a_store_of_its_buffer_waits_at_a_barrier(monkeypatch):
 
 @pytest.mark.gpu
 def test_a_looped_layernorm_backward_reads_back_after_a_barrier_on_a_gpu():
-    """The kernel that parted runs on an H200: a row stored in one loop, loaded in the next."""
+    """The kernel that parted runs on an H200: a row stored in one loop, loaded in a later one."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+    code = _compiled_layernorm_backward("cuda")
+    readbacks = _readbacks(code)
+    assert readbacks  # the kernel shape this guards against was generated
+    assert all(barrier for _, barrier in readbacks), readbacks
+
+
+def test_the_layernorm_backward_compiles_and_sums_alike_on_the_cpu():
+    """The GPU test's graph, compiled as the step's parts are: the same values as eager."""
+    _compiled_layernorm_backward("cpu")
+
+
+def _compiled_layernorm_backward(device: str) -> str:
+    """Inductor's code for a layer norm's backward with its statistics recomputed (checked)."""
     from torch._inductor.utils import run_and_get_code
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     def step(x, w, g):
         m = x.mean(-1, keepdim=True)
@@ -70,19 +84,48 @@ def test_a_looped_layernorm_backward_reads_back_after_a_barrier_on_a_gpu():
         b = (g * w * xh).sum(-1, keepdim=True)
         return (g * w * x.shape[-1] - a - xh * b) * r / x.shape[-1], xh
 
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    x, g = (torch.randn(256, 8192, device="cuda") for _ in range(2))
-    w = torch.randn(8192, device="cuda")
+    # Rows enough that no reduction is split, a row too long for one pass (a looped kernel).
+    x, g = (torch.randn(2048, 2048, device=device) for _ in range(2))
+    w = torch.randn(2048, device=device)
     gm = make_fx(step)(x, w, g)
     inputs = [(tuple(t.shape), t.stride(), t.dtype) for t in (x, w, g)]
     # Compiled afresh (no cache), so that its code is generated here and seen.
     compiled, code = run_and_get_code(
-        compile_part, gm, inputs, "cuda", {"force_disable_caches": True}
+        compile_part, gm, inputs, device, {"force_disable_caches": True}
     )
-    got, want = compiled([x, w, g]), step(x, w, g)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    source = "\n".join(code)
-    assert "for r0_offset" in source  # a looped reduction
-    assert "tl.debug_barrier()" in source
+    for got, want in zip(compiled(x, w, g), step(x, w, g), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    return "\n".join(code)
+
+
+def _readbacks(code: str) -> list[tuple[str, bool]]:
+    """Each load of a buffer its kernel stored before, and whether a barrier came between."""
+    found, stored, barrier = [], set(), False
+    for line in code.splitlines():
+        line = line.strip()
+        if line.startswith("def triton_"):
+            stored, barrier = set(), False
+        elif line == "tl.debug_barrier()":
+            barrier = True
+        elif "tl.store(" in line:
+            stored.add(line.split("tl.store(")[1].split(" ")[0])
+            barrier = False
+        elif "tl.load(" in line:
+            name = line.split("tl.load(")[1].split(" ")[0]
+            if name in stored:
+                found.append((name, barrier))
+    return found
+
+
+def test_readbacks_are_found_with_their_barriers():
+    kernel = """
+    def triton_red_fused_0(in_ptr0, out_ptr0):
+        tmp0 = tl.load(in_ptr0 + (x0), xmask)
+        tl.store(out_ptr0 + (x0), tmp0, xmask)
+        tmp1 = tl.load(out_ptr0 + (x0), xmask)
+        tl.debug_barrier()
+        tmp2 = tl.load(out_ptr0 + (x0), xmask)
+    def triton_per_fused_1(in_ptr0, out_ptr0):
+        tmp3 = tl.load(out_ptr0 + (x0), xmask)
+    """
+    assert _readbacks(kernel) == [("out_ptr0", False), ("out_ptr0", True)]

@@ -211,12 +211,11 @@ class CudaDevice:
             return (
                 f"determinism: on ({why}): ordered embedding-gradient sums, flash attention's "
                 "deterministic backward, Inductor's kernels chosen without timing, stacking by "
-                "the cost model; one source of run-to-run bits is not yet found "
-                "(docs/devices.md, Determinism)"
+                "the cost model: the same bits every run on this GPU (docs/devices.md, Determinism)"
             )
         return (
             f"determinism: off ({why}): the fastest kernels, whose sums may differ in the last "
-            "bits from run to run; SEXPGPU_DETERMINISTIC=1 replaces the sources known"
+            "bits from run to run; SEXPGPU_DETERMINISTIC=1 gives the same bits every run"
         )
 
     def _fused_lines(self, plan: CudaPlan) -> list[str]:

@@ -17,9 +17,9 @@ call:
   source                                 deterministic equivalent
   =====================================  ======================================
   embedding gradients (``index_add_``'s  ``sexpgpu::scatter_rows``: ids sorted
-  atomics; PyTorch's deterministic       stably, each id's rows summed in the
-  ``index_put_`` still differed in a     order they came, by one program
-  few rows now and then, measured)       (`sexpgpu.devices.cuda.scatter_rows`)
+  atomics)                               stably, each id's rows summed in the
+                                         order they came, by one program
+                                         (`sexpgpu.devices.cuda.scatter_rows`)
   attention backward (cuDNN's, flash's   flash attention's deterministic
   atomic dq sums)                        backward; cuDNN's is not used
   Inductor's reductions and padding      one configuration per kernel, chosen
@@ -29,6 +29,8 @@ call:
                                          cuBLASLt epilogues never sum in place
   the stacking degree measured at the    the cost model's pick, never measured
   first step (or remembered)             nor remembered
+  an Inductor kernel loading back what   a barrier before the load, in both
+  it stored (a race of its threads)      modes (`readback_barrier`)
   =====================================  ======================================
 
 Compile workers take the same settings from the parent

@@ -50,7 +50,7 @@ PY
       python3 dev/step_trace.py compare /tmp/trace-$probe-*.npz | tee "$OUT/trace_$probe.log"
     done ;;
   detest)  # the determinism test alone (a small bf16 GPT)
-    timeout ${DETEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/devices/test_scatter_rows_kernel.py tests/devices/test_cuda_determinism.py \
+    timeout ${DETEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/devices/test_scatter_rows_kernel.py tests/devices/test_readback_barrier.py tests/devices/test_cuda_determinism.py \
       > "$OUT/determinism_test.log" 2>&1; tail -15 "$OUT/determinism_test.log" ;;
   determinism)
     # examples/gpt.lisp at full size (bf16, 8 microbatches a step), cut to DET_STEPS steps.

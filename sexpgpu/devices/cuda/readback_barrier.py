@@ -10,7 +10,8 @@ program are not ordered through global memory. Measured on an H200
 input gradient read the buffer's older contents in a block of its columns,
 so two runs parted in a few bits of the embedding gradients (the
 SEXPGPU_DETERMINISTIC runs' last source), and any run summed slightly
-wrong values. PyTorch later made the same change (pytorch/pytorch#190519).
+wrong values. PyTorch's pull request 190519 adds the same barrier to
+Inductor itself.
 
 `install` puts ``tl.debug_barrier()`` (a barrier of the program's threads,
 which also orders their global memory) before each load of a buffer the

@@ -96,7 +96,8 @@ class Replay:
             with _CAPTURING, torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 result = queue()
         except RuntimeError as error:  # nothing ran: a capture only records
-            _REFUSED.append(graph)
+            if graph is not None:
+                _REFUSED.append(graph)
             self.refused = f"{type(error).__name__}: {error}"
             log.warning("no CUDA graph of the %s (%s); it runs without one", self.what, error)
             self._note(f"{self.what}: no CUDA graph ({self.refused}); launched each step")

@@ -52,6 +52,23 @@ def test_an_entry_reads_back_as_saved(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "c" / "steps").iterdir()) == ["k.step"]
 
 
+def test_a_save_cut_short_by_a_kill_leaves_nothing_once_the_cache_opens(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # A writer killed between writing its partial file and renaming it into place.
+    code = (
+        "import os, sys; from pathlib import Path; from sexpgpu.runtime import files;"
+        "os.replace = lambda a, b: os.kill(os.getpid(), 9);"
+        "files.replace_whole(Path(sys.argv[1]), b'half')"
+    )
+    entry = tmp_path / "c" / "steps" / "k.step"
+    subprocess.run([sys.executable, "-c", code, str(entry)], check=False)
+    assert [p.name.endswith(".tmp") for p in entry.parent.iterdir()] == [True]
+    cache = StepCache(tmp_path / "c")
+    assert list(entry.parent.iterdir()) == [] and cache.load("k") is None
+
+
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "flipped"])
 def test_a_damaged_entry_reads_as_none(tmp_path: Path, damage: str) -> None:
     cache = StepCache(tmp_path)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from sexpgpu.runtime.files import replace_whole
+from sexpgpu.runtime.files import remove_stale_partials, replace_whole
 
 
 def test_text_and_bytes_replace_the_file_and_leave_no_temporary(tmp_path: Path) -> None:
@@ -37,3 +40,20 @@ def test_a_failed_write_raises_and_leaves_the_old_file(tmp_path: Path) -> None:
         replace_whole(tmp_path / "kept.txt" / "below", "x")  # a file where a folder should be
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["kept.txt"]
+
+
+def test_the_partials_of_writers_killed_mid_write_are_removed_and_others_kept(
+    tmp_path: Path,
+) -> None:
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    dead = int(ended.stdout)
+    gone = tmp_path / f".entry.step.{dead}.7.tmp"
+    alive = tmp_path / f".entry.step.{os.getpid()}.7.tmp"
+    other = tmp_path / ".notes.tmp"  # not a partial of ours: left alone
+    whole = tmp_path / "entry.step"
+    for path in (gone, alive, other, whole):
+        path.write_bytes(b"x")
+    assert remove_stale_partials(tmp_path) == 1
+    assert not gone.exists() and alive.exists() and other.exists() and whole.exists()
+    assert remove_stale_partials(tmp_path / "absent") == 0

@@ -29,7 +29,9 @@ is timed, so equal keys give the same kernels and the same bits.
 Entries are written to a file of their own and renamed into place, so runs
 that share the folder never see half an entry; each holds a digest of its
 contents, and an entry that fails it (cut short, overwritten) is ignored
-and compiled again. Deleting the folder costs a compile, nothing else.
+and compiled again. The partial file of a save cut short by a kill is
+removed when the cache next opens. Deleting the folder costs a compile,
+nothing else.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sexpgpu.runtime.files import replace_whole
+from sexpgpu.runtime.files import remove_stale_partials, replace_whole
 
 __all__ = ["FORMAT", "StepCache", "open_cache", "plan_key", "step_key"]
 
@@ -74,6 +76,8 @@ class StepCache:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        for folder, _ in _KINDS.values():  # saves cut short by a kill
+            remove_stale_partials(self.root / folder)
 
     @property
     def inductor_dir(self) -> Path:

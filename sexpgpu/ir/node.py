@@ -8,6 +8,8 @@ lists them in a topological order (inputs before users).
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -172,8 +174,13 @@ class Graph:
 
     def nodes(self) -> list[Node]:
         """Every node of the program in topological order, declared leaves first."""
+        return list(self._order)
+
+    @functools.cached_property
+    def _order(self) -> tuple[Node, ...]:
+        # Made once: a graph and its nodes never change (passes build new ones).
         leaves = [*self.inputs.values(), *self.params.values()]
-        return topological_order([*leaves, *self.outputs.values()])
+        return tuple(topological_order([*leaves, *self.outputs.values()]))
 
     def with_outputs(self, outputs: Mapping[str, Node]) -> Graph:
         """The same inputs and parameters with new outputs."""

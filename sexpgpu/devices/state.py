@@ -363,10 +363,7 @@ class TrainState:
         def queue() -> Any:
             # The norm and the clipping factor stay on the device and go into the
             # update's own kernels: the host reads the norm once the update is queued.
-            norm = xp.norm(list(grads.values()))
-            if divisor != 1:  # of the mean gradient, which the update sees through `scale`
-                norm = norm / divisor
-            scale = _times(xp.clip_scale(norm, clip), 1 / divisor)
+            norm, scale = _mean_norm_and_scale(xp, xp.norm(list(grads.values())), clip, divisor)
             optimizer.queue(self.values, grads, scale)
             return norm
 
@@ -389,10 +386,8 @@ class TrainState:
         grads, xp, divisor = self._sums.grads, self.xp, self._sums.divisor
         self.optimizer.advance(lr)
         squares = allgather_over_ranks(self._comms, xp.square_norms(list(grads.values())).tolist())
-        norm = xp.norm_from(np.array([s for part in squares for s in part], np.float64))
-        if divisor != 1:
-            norm = norm / divisor
-        scale = _times(xp.clip_scale(norm, clip), 1 / divisor)
+        summed = xp.norm_from(np.array([s for part in squares for s in part], np.float64))
+        norm, scale = _mean_norm_and_scale(xp, summed, clip, divisor)
         if grads:  # a rank past the last parameter owns none
             self.optimizer.queue({k: self.values[k] for k in grads}, grads, scale)
         self._gather_update()
@@ -441,6 +436,14 @@ class TrainState:
             if source:
                 self.events += source
                 source.clear()
+
+
+def _mean_norm_and_scale(xp: Any, norm: Any, clip: float | None, divisor: int) -> tuple[Any, Any]:
+    """The mean gradient's norm, from the summed one's, and the factor the update scales
+    the summed gradients by: the clipping factor over `divisor` (None: one)."""
+    if divisor != 1:  # of the mean gradient, which the update sees through `scale`
+        norm = norm / divisor
+    return norm, _times(xp.clip_scale(norm, clip), 1 / divisor)
 
 
 def _times(scale: Any, factor: float) -> Any:

@@ -33,7 +33,11 @@ def record(path: str, argv: list[str]) -> int:
 
     def recorded(self, lr, clip):
         sums = self._sums
-        grads = {k: keep(v) for k, v in sums.grads.items()} | dict(_CALLS)
+        grads = {k: keep(v) for k, v in sums.grads.items()}
+        # Named from the step's last call back: a first step's calls made while
+        # tracing or planning come first, and are in one run's trace alone.
+        for back, (kind, operands) in enumerate(reversed(_CALLS), start=1):
+            grads |= {f"~{kind}-{back}/{field}": t for field, t in operands.items()}
         _CALLS.clear()
         steps.append((keep(sums.loss), grads, {k: keep(v) for k, v in self.values.items()}))
         return update(self, lr, clip)
@@ -55,7 +59,7 @@ def record(path: str, argv: list[str]) -> int:
     return cli.main(argv)
 
 
-_CALLS: list[tuple[str, object]] = []  # operands of the step's calls kept by a probe
+_CALLS: list[tuple[str, dict]] = []  # each probed call since the last update: kind, operands
 
 
 def _probes() -> None:
@@ -64,9 +68,10 @@ def _probes() -> None:
     STEP_TRACE_GRAPHS=0: no CUDA graphs (every call plain). STEP_TRACE_FILL=1: PyTorch
     fills uninitialized memory with NaN (a read of memory never written shows).
     STEP_TRACE_SCATTER=1: each `scatter_rows` call's ids, rows and table are kept
-    with the step (`~scatterN/...`; with STEP_TRACE_GRAPHS=0, every step's).
-    STEP_TRACE_KERNEL=NAME: the same for each call of an Inductor kernel whose name
-    holds NAME, every tensor operand before (`~kN/inI`) and after it (`~kN/outI`).
+    with the step (`~scatter-N/...`, N counted from the step's last call back; with
+    STEP_TRACE_GRAPHS=0, every step's). STEP_TRACE_KERNEL=NAME: the same for each call
+    of an Inductor kernel whose name holds NAME, every tensor operand before
+    (`~kernel-N/inI`) and after it (`~kernel-N/outI`).
     """
     import os
 
@@ -80,11 +85,10 @@ def _probes() -> None:
                 return run(self, *args, **kwargs)
             import torch
 
-            n = sum(k.endswith("/in0") for k, _ in _CALLS)
             tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-            _CALLS.extend((f"~k{n}/in{i}", a.clone()) for i, a in tensors)
+            before = {f"in{i}": a.clone() for i, a in tensors}
             result = run(self, *args, **kwargs)
-            _CALLS.extend((f"~k{n}/out{i}", a.clone()) for i, a in tensors)
+            _CALLS.append(("kernel", before | {f"out{i}": a.clone() for i, a in tensors}))
             return result
 
         CachingAutotuner.run = watched
@@ -96,9 +100,8 @@ def _probes() -> None:
 
         def kept(ids, rows, out):
             launch(ids, rows, out)
-            n = len(_CALLS) // 3
-            _CALLS.extend([(f"~scatter{n}/ids", ids.clone()), (f"~scatter{n}/rows", rows.clone()),
-                           (f"~scatter{n}/out", out.clone())])  # fmt: skip
+            operands = {"ids": ids, "rows": rows, "out": out}
+            _CALLS.append(("scatter", {k: v.clone() for k, v in operands.items()}))
 
         scatter_rows.launch = kept
 
@@ -141,11 +144,14 @@ def compare(paths: list[str], shown: int = 2) -> None:
         for b in paths[i + 1 :]:
             x, y = traces[a], traces[b]
             steps = sorted({int(k.split("/")[0]) for k in x.files})
-            if not steps or set(x.files) != set(y.files):
-                print(f"{a} against {b}: not comparable (a run recorded no steps, or others)")
+            if not steps or {k.split("/")[0] for k in y.files} != {str(s) for s in steps}:
+                print(f"{a} against {b}: not comparable (the runs recorded other steps)")
                 continue
             parted = 0
             print(f"{a} against {b}:")
+            alone = len(set(x.files) ^ set(y.files))
+            if alone:  # a probe's calls while one run traced or planned
+                print(f"  {alone} recorded values in one run alone, not compared")
             for step in steps:
                 keys = [k for k in x.files if k.startswith(f"{step}/")]
                 bad = [k for k in keys if k in y.files and not np.array_equal(x[k], y[k])]

@@ -9,7 +9,6 @@ lists them in a topological order (inputs before users).
 from __future__ import annotations
 
 import functools
-
 import hashlib
 import math
 from collections.abc import Iterable, Iterator, Mapping

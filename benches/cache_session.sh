@@ -19,6 +19,9 @@ ARGS=${ARGS:-}
 # The cache lives outside $OUT (Inductor's and Triton's files run to hundreds of MB);
 # its size is logged.
 CACHE=${CACHE:-/tmp/sexpgpu-cache-session}
+# Bytecode as an installed Python keeps it: a site-packages without .pyc files (as on
+# some lent machines) spends ~9 s compiling torch's modules from source on every start.
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sexpgpu-pycache}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
 

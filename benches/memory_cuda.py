@@ -15,7 +15,14 @@ budget of 60% of its no-recompute plan (the plan alone, for the first size).
 
     python benches/memory_cuda.py                         # the sizes, on one GPU
     python benches/memory_cuda.py --sizes 16x2048 32x3072 # some of them
+    python benches/memory_cuda.py --card 40 --sizes 8x4096 11x4096 12x4096  # a 40 GiB card
     python benches/memory_cuda.py --smoke                 # on the CPU in seconds: the paths
+
+``--card GIB`` makes the GPU a smaller card for both sides alike: PyTorch's
+caching allocator refuses more than GIB in each process
+(``torch.cuda.set_per_process_memory_fraction``), and sexpgpu also plans
+into it (``SEXPGPU_MEMORY``). Past a card's memory is then reached at sizes
+that compile in a minute, not ten.
 
 ``--smoke`` runs tiny sizes on the CPU: sexpgpu's cpu device with a budget
 that makes it recompute, the peer eager (no torch.compile, whose C++ build
@@ -77,6 +84,9 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
             plain = plain_plan(path, device)
             budget = plain.total - 0.3 * plain.parts["activations"]
             environ["SEXPGPU_MEMORY"] = str(int(budget))
+        elif args.card:
+            environ["SEXPGPU_MEMORY"] = f"{args.card}GiB"
+            limit_card(args.card)
         try:
             trainer = prepare_run(
                 path, variant="bench", steps=args.steps, out=Path(tmp) / "run",
@@ -98,6 +108,14 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
         "plan": next((n for n in notes if n.startswith("memory: plan")), None),
         "recompute": next((n for n in notes if n.startswith("recompute:")), "none"),
     }
+
+
+def limit_card(gib: float) -> None:
+    """This process's CUDA allocations refused past `gib` GiB, as on a card of that size."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
 
 
 def plain_plan(path: Path, device: str):
@@ -148,6 +166,8 @@ def torch_side(size: str, args: argparse.Namespace) -> dict:
 
     on_gpu = not args.smoke
     dev = torch.device("cuda" if on_gpu else "cpu")
+    if on_gpu and args.card:
+        limit_card(args.card)
     try:
         step = torch_step(shape(size, args), args, dev)
     except torch.OutOfMemoryError as error:  # the parameters and moments alone
@@ -259,6 +279,7 @@ def child(args: argparse.Namespace) -> None:
 def run_child(side: str, size: str, args: argparse.Namespace) -> dict:
     flags = [f"--seq={args.seq}", f"--batch={args.batch}", f"--steps={args.steps}"]
     flags += [f"--warmup={args.warmup}", *(["--smoke"] if args.smoke else [])]
+    flags += [f"--card={args.card}"] if args.card else []
     cmd = [sys.executable, __file__, f"--side={side}", f"--size={size}", *flags]
     env = {
         **os.environ,
@@ -279,6 +300,7 @@ def main() -> None:
     for name, default in (("seq", 2048), ("batch", 8), ("steps", 10), ("warmup", 3)):
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--card", type=float, help="GiB the GPU may use, both sides alike")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--size", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -288,7 +310,8 @@ def main() -> None:
         child(args)
         return
     sizes = args.sizes or (SMOKE_SIZES if args.smoke else SIZES)
-    print(f"seq {args.seq}, batch {args.batch}, {args.steps} steps ({args.warmup} warm-up)")
+    card = f", a {args.card:g} GiB card" if args.card else ""
+    print(f"seq {args.seq}, batch {args.batch}, {args.steps} steps ({args.warmup} warm-up){card}")
     print("| size | parameters | side | trains | tokens/s | peak GiB | recompute |")
     print("|---|---|---|---|---|---|---|")
     largest: dict[str, str] = {}

@@ -16,6 +16,7 @@ budget of 60% of its no-recompute plan (the plan alone, for the first size).
     python benches/memory_cuda.py                         # the sizes, on one GPU
     python benches/memory_cuda.py --sizes 16x2048 32x3072 # some of them
     python benches/memory_cuda.py --card 40 --sizes 8x4096 11x4096 12x4096  # a 40 GiB card
+    python benches/memory_cuda.py --card 40 --sizes 13x4096 --sides torch   # one side
     python benches/memory_cuda.py --smoke                 # on the CPU in seconds: the paths
 
 ``--card GIB`` makes the GPU a smaller card for both sides alike: PyTorch's
@@ -49,6 +50,7 @@ LLAMA = ROOT / "examples" / "llama.lisp"
 # Sizes (layers, width) from comfortable to past one H200 without recomputation.
 SIZES = ["16x2048", "24x2048", "32x2560", "32x3072", "40x3584", "48x4096"]
 SMOKE_SIZES = ["2x64"]
+SIDES = ("sexpgpu", "torch")
 
 
 def shape(size: str, args: argparse.Namespace) -> dict:
@@ -301,6 +303,7 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--card", type=float, help="GiB the GPU may use, both sides alike")
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--size", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,7 +319,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     largest: dict[str, str] = {}
     for size in sizes:
-        for side in ("sexpgpu", "torch"):
+        for side in args.sides:
             r = run_child(side, size, args)
             trains = "yes" if r.get("fits") else "no" if "fits" in r else "error"
             rate = f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "-"
@@ -334,6 +337,8 @@ def main() -> None:
                 largest[side] = size
     print(f"largest trained: sexpgpu {largest.get('sexpgpu', 'none')}, "
           f"torch {largest.get('torch', 'none')}")  # fmt: skip
+    if "sexpgpu" not in args.sides:
+        return
     r = run_child("flops60", sizes[0], args)
     if "flops_ratio" in r:
         print(f"flops at 60% of the plan ({sizes[0]}): {r['flops_ratio']:.3f}x, {r['line']}")

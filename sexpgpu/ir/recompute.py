@@ -18,8 +18,14 @@ chooses them for a memory budget, with the least added work:
 2. **the prefix**: the fewest moves whose graph fits, found by bisection
    with the device's own live-set estimate (the ``fits`` callable), which
    sees the schedule, views and in-place reuse that the walk's byte count
-   does not. The walk's last move is the cheapest full recomputation: when
-   even it does not fit, nothing does.
+   does not;
+3. **checkpointing at the cuts**, where even the walk's last move does not
+   fit: every forward value is made again except the cuts (`cuts`), the
+   values every path from the model's input to the loss passes through (a
+   residual network's sums between its blocks and sub-blocks). A segment's
+   values are then made again from the cut before it, in the segment's own
+   backward, so only the cuts and one segment live at once. It costs about
+   one more forward; when even it does not fit, nothing does.
 
 Values are counted by buffer: a view (reshape, transpose, broadcast, slice)
 shares its operand's buffer, is never a choice of its own, and is made again
@@ -44,7 +50,7 @@ from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Graph, Node, topological_order
 from sexpgpu.ir.ops import FUSED, LEAF, VIEW, Op
 
-__all__ = ["Move", "Recomputation", "fit", "moves", "recompute_graph", "work"]
+__all__ = ["Move", "Recomputation", "cuts", "fit", "moves", "recompute_graph", "work"]
 
 _ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F64: 8, DType.INT32: 4, DType.BOOL: 1}
 # Work per element of the fused ops, relative to an add (their exp, rsqrt, tanh, rows).
@@ -257,6 +263,65 @@ def moves(graph: Graph, loss: str = "loss") -> list[Move]:
         walk.append(best)
 
 
+def cuts(graph: Graph, loss: str = "loss") -> list[Node]:
+    """The forward's cut values, in forward order: each lies on every path to the loss.
+
+    These are the post-dominators of the forward value deepest in the
+    post-dominator tree (the nodes that every path from it to output `loss`
+    passes through): in a residual network, the sums that join a block's
+    branch and its skip.
+    Views are followed to the buffer they view.
+    """
+    forward = topological_order([graph.outputs[loss]])
+    inside = {id(n) for n in forward}
+    readers: dict[int, list[Node]] = {}
+    for node in forward:
+        for x in node.inputs:
+            readers.setdefault(id(x), []).append(node)
+    # Immediate post-dominators, from the loss back: the deepest node on every
+    # reader's chain (the classic intersection, by depth on the post-dominator tree).
+    parent: dict[int, Node | None] = {}
+    depth: dict[int, int] = {}
+    for node in reversed(forward):
+        users = [u for u in readers.get(id(node), []) if id(u) in inside]
+        if not users:
+            parent[id(node)], depth[id(node)] = None, 0
+            continue
+        meet: Node | None = users[0]
+        for user in users[1:]:
+            a, b = meet, user
+            while a is not b:
+                if a is None or b is None:
+                    a = b = None
+                    break
+                if depth[id(a)] >= depth[id(b)]:
+                    a = parent[id(a)]
+                else:
+                    b = parent[id(b)]
+            meet = a
+        parent[id(node)] = meet
+        depth[id(node)] = -1 if meet is None else depth[id(meet)] + 1
+    # The longest chain: from a value at the model's input (a weight shared with the
+    # head, as a tied embedding, is post-dominated by the logits alone).
+    values = [n for n in forward if n.op not in LEAF]
+    start = max(values, key=lambda n: depth[id(n)], default=None)
+    chain: list[Node] = []
+    node = None if start is None else parent[id(start)]
+    while node is not None:
+        base = _root(node)
+        if base.op not in LEAF and (not chain or chain[-1] is not base):
+            chain.append(base)
+        node = parent[id(node)]
+    return chain
+
+
+def _checkpointed(graph: Graph, loss: str) -> list[Node]:
+    """The buffers to make again when checkpointing at the cuts: every forward one but them."""
+    keep = {id(n) for n in cuts(graph, loss)}
+    forward = topological_order([graph.outputs[loss]])
+    return [n for n in forward if n.op not in LEAF and n.op not in VIEW and id(n) not in keep]
+
+
 def recompute_graph(graph: Graph, roots: Iterable[Node], loss: str = "loss") -> Graph:
     """`graph` with the forward values in the buffers of `roots` made again in the backward.
 
@@ -378,8 +443,11 @@ def fit(
         return made[k]
 
     k = _least(len(walk), lambda k: fits(at(k)[0]))
-    rewritten, values = at(len(walk) if k is None else k)
-    return Recomputation(rewritten, values, flops(rewritten), flops(graph), k is not None)
+    if k is not None:
+        rewritten, values = at(k)
+        return Recomputation(rewritten, values, flops(rewritten), flops(graph), True)
+    rewritten, values = _rewrite(graph, _checkpointed(graph, loss), loss)
+    return Recomputation(rewritten, values, flops(rewritten), flops(graph), fits(rewritten))
 
 
 def _least(n: int, ok: Callable[[int], bool]) -> int | None:

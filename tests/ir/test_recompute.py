@@ -8,13 +8,19 @@ import pytest
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.ir.compile import compile_run, matmul_flops
 from sexpgpu.ir.ops import Op
-from sexpgpu.ir.recompute import fit, moves, recompute_graph
+from sexpgpu.ir.recompute import cuts, fit, moves, recompute_graph
 from sexpgpu.lang import load_experiment, load_experiment_text
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = ROOT / "examples" / "gpt.lisp"
 # The smoke GPT at a longer sequence: its activations, not its parameters, fill the plan.
 LONG = '(defvariant long (layers 2) (width 128) (heads 4) (seq 256) (microbatches 1) (dtype "f32"))'
+LLAMA = ROOT / "examples" / "llama.lisp"
+# Four Llama blocks whose SwiGLU values outweigh the residual stream, as at scale.
+DEEP = (
+    "(defvariant deep (layers 4) (width 64) (heads 4) (kv-heads 1) (ffn 256) (seq 128)"
+    ' (microbatches 1) (dtype "f32"))'
+)
 
 
 def _train_graph(variant="smoke", text=None, path=GPT):
@@ -117,3 +123,25 @@ def test_the_report_line():
     assert Recomputation(graph, 412, 1180, 1000, True).line("plan 31.2 of 40.0 GiB") == (
         "recompute: 412 values, +18% FLOPs, plan 31.2 of 40.0 GiB"
     )
+
+
+def test_the_cuts_of_a_residual_network_are_the_sums_between_its_blocks():
+    compiled = _train_graph("deep", LLAMA.read_text() + DEEP, path=LLAMA)
+    found = cuts(compiled.train_graph)
+    sums = [n for n in found if n.op is Op.ADD and n.shape == (8, 128, 64)]
+    assert len(sums) == 2 * 4  # after attention and after the feed-forward layer, per block
+    order = {id(n): i for i, n in enumerate(compiled.train_graph.nodes())}
+    assert [order[id(n)] for n in found] == sorted(order[id(n)] for n in found)
+
+
+def test_checkpointing_at_the_cuts_fits_below_the_walks_last_move():
+    graph = _train_graph("deep", LLAMA.read_text() + DEEP, path=LLAMA).train_graph
+    walk_last = _peak(recompute_graph(graph, [r for m in moves(graph) for r in m.roots]))
+    done = fit(graph, lambda g: _peak(g) < walk_last, matmul_flops)
+    assert done is not None and done.fits
+    assert _peak(done.graph) < walk_last < _peak(graph)
+    assert done.base_flops < done.flops < 1.5 * done.base_flops  # about one more forward
+    feeds = _feeds(graph)
+    before, after = CpuProgram(graph)(feeds), CpuProgram(done.graph)(feeds)
+    for name in graph.outputs:
+        assert np.array_equal(before[name], after[name]), name

@@ -105,3 +105,31 @@ def test_a_fused_bf16_step_reads_the_copies_the_update_keeps():
             copies = fused.graphs.copies  # the step reads them, the update writes them
             assert torch.equal(copies._entry(p).copy, p.to(BF16))
             assert copies._entry(p).version == p._version
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler for Inductor")
+def test_a_step_without_copies_casts_its_parameters_itself():
+    # What a plan that recomputes to fit compiles: bf16 copies kept all step would take
+    # memory it has not got.
+    from sexpgpu.devices.cuda.fused import FusedGraph
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment_text
+
+    experiment = load_experiment_text(MLP, "mlp.lisp")
+    compiled = compile_run(experiment, experiment.run())
+    graph, device = compiled.train_graph, torch.device("cpu")
+    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    rng = np.random.default_rng(1)
+    batch = {"x": torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))}
+    batch["y"] = torch.from_numpy(rng.integers(0, 10, 16).astype(np.int32))
+    sums = {}
+    for copies in (True, False):
+        step = FusedGraph(
+            graph, device, sums=list(graph.outputs), examples={**batch, **params}, copies=copies
+        )
+        assert bool(step.copied) is copies
+        buffers = step.zero_buffers()
+        step({**batch, **params}, buffers)
+        sums[copies] = buffers
+    for name, value in sums[True].items():
+        assert torch.equal(value, sums[False][name]), name

@@ -236,6 +236,7 @@ class CudaDevice:
             self.torch,
             overwrite=plan.choice.degree == plan.microbatches,
             cache=self.cache,
+            copies=plan.recompute is None,  # as the planner compiled it
         )
 
     # -- load -----------------------------------------------------------------------------

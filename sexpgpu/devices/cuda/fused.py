@@ -154,8 +154,10 @@ class FusedGraph:
         overwrite: bool = False,
         pool: CompilePool | None = None,
         cache: StepCache | None = None,
+        copies: bool = True,
     ) -> None:
         self.device = torch.device(device)
+        self.copies = copies  # whether the step reads bf16 copies the update keeps
         self._pool = pool if pool is not None and pool.size else None
         self.parts = 1  # how many parts Inductor compiled the step in
         self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
@@ -283,7 +285,7 @@ class FusedGraph:
                 self.device,
                 sums=self.sums,
                 overwrite=self.overwrite,
-                options=options,
+                options={**options, "param_copies": self.copies},
                 settings=settings(),
             )
             entry = cache.load(key)
@@ -328,7 +330,8 @@ class FusedGraph:
         self.sum_products = products_into_sums(gm)  # the weight gradients into their buffers
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         first = len(self.inputs)
-        copied = param_casts_to_inputs(gm, placeholders[first : first + len(self.params)])
+        params = placeholders[first : first + len(self.params)]
+        copied = param_casts_to_inputs(gm, params) if self.copies else []
         self.copied = [self.params[i] for i in copied]
         self.copies_only = [self.params[i] for i in copied if not placeholders[first + i].users]
         return gm

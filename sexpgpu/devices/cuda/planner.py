@@ -322,6 +322,9 @@ class Planner:
                 overwrite=degree == self.per_rank,
                 pool=self.pool,
                 cache=self.device.cache,
+                # Recomputing to fit, the step casts each parameter where it reads it: bf16
+                # copies kept all step would cost 2 bytes a parameter the plan has not got.
+                copies=degree not in self._recompute,
             )
         return self._fused[degree]
 
@@ -409,8 +412,12 @@ def fused_graph(
     overwrite: bool,
     pool: CompilePool | None = None,
     cache: StepCache | None = None,
+    copies: bool = True,
 ) -> FusedGraph | str:
-    """`graph` compiled for `device` summing into its buffers, or why it cannot be."""
+    """`graph` compiled for `device` summing into its buffers, or why it cannot be.
+
+    With `copies`, it reads the bf16 copies of its parameters that the update keeps.
+    """
     from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
 
     try:
@@ -422,6 +429,7 @@ def fused_graph(
             overwrite=overwrite,
             pool=pool,
             cache=cache,
+            copies=copies,
         )
     except NotFusable as why:
         return str(why)

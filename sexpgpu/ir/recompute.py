@@ -430,7 +430,8 @@ def fit(
     Returns
     -------
     Recomputation or None
-        With ``fits`` False where even the last move's graph does not fit.
+        The walk's fewest moves that fit; else the graph checkpointed at the cuts,
+        with ``fits`` False where even it does not fit.
     """
     if fits(graph):
         return None

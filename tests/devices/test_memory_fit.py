@@ -180,3 +180,53 @@ def test_the_cuda_lowering_that_recomputes_trains_the_same_bits(tmp_path):
     assert read_series(tight_dir, "train/loss") == read_series(plain_dir, "train/loss")
     for key in plain.params:
         assert np.array_equal(plain.params[key], tight.params[key]), key
+
+
+class _MeasuredDevice:
+    """The cuda lowering on PyTorch's CPU, taken for a GPU whose compiled step is measured."""
+
+    def __init__(self):
+        from sexpgpu.devices.cuda.device import CudaDevice
+
+        self._device = CudaDevice("cpu", fuse=True)
+        self.on_gpu, self.captures, self.cache = True, True, None
+
+    def __getattr__(self, name):
+        return getattr(self._device, name)
+
+
+def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
+    # Inductor's buffers may hold more than the schedule said: the plan recomputes
+    # more against the estimate plus what it missed, instead of stopping at E-MEM-001.
+    from types import SimpleNamespace
+
+    from sexpgpu.devices.cuda import planner
+    from sexpgpu.devices.cuda.parallel_compile import CompilePool
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment_text
+
+    text = GPT.read_text() + (
+        "(defvariant one (layers 2) (width 128) (heads 4) (seq 256) (batch 4)"
+        ' (microbatches 1) (dtype "f32"))'
+    )
+    experiment = load_experiment_text(text, str(GPT), variant="one", base_dir=GPT.parent)
+    compiled = compile_run(experiment, experiment.run(None))
+    device = _MeasuredDevice()
+    plain = planner.Planner(device, compiled, 1, CompilePool(0)).plan(2, 1, memory=2**40)
+    missed = plain.memory.parts["activations"] // 4
+    budget = plain.memory.total + missed // 2  # the schedule fits; the measured step does not
+    measured = []
+
+    def dry_call(self, degree):
+        live = self._live_set(degree)
+        measured.append(self._recompute.get(degree))
+        return (live[0] + missed, "fused training call"), 0
+
+    monkeypatch.setattr(planner.Planner, "_dry_call", dry_call)
+    monkeypatch.setattr(
+        planner.Planner, "_fused_graph", lambda self, d: SimpleNamespace(copies_only=[])
+    )
+    plan = planner.Planner(device, compiled, 1, CompilePool(0)).plan(2, 1, memory=budget)
+    assert measured[0] is None  # first the step as compiled, then one that recomputes
+    assert measured[-1] is not None and plan.recompute is measured[-1]
+    assert plan.memory.fits and plan.memory.total <= budget

@@ -105,6 +105,10 @@ class CudaPlan:
     recompute: Recomputation | None = None
 
 
+# How many times a plan whose compiled step does not fit recomputes more before E-MEM-001.
+_REFITS = 2
+
+
 class Planner:
     """One `CudaDevice.plan` call's work: each candidate degree's graphs, made once.
 
@@ -143,9 +147,13 @@ class Planner:
             parts = self._parts(degree, moment_elements, ranks, live[0], copy_bytes, masters)
             return MemoryPlan(budget, parts)
 
+        # A fused step that does not recompute reads bf16 copies the update keeps all step.
+        copies = _copy_bytes(self.compiled.train_graph) if device.fuse else 0
+
         def fits(degree: int, graph: Graph | None = None) -> bool:
-            live = (self._numbers(degree)[0], None) if graph is None else self._live_of(graph)
-            return plan_at(degree, live).fits
+            if graph is None:
+                return plan_at(degree, (self._numbers(degree)[0], None), copies).fits
+            return plan_at(degree, self._live_of(graph)).fits
 
         if not any(fits(d) for d in self._degrees()):
             # Recomputation, chosen with the degree: the least that fits at each one,
@@ -159,15 +167,23 @@ class Planner:
         choice = self._choose(fits)
         self._remember()
         degree = choice.degree
-        live, copy_bytes = self._live_set(degree), 0
-        memory_plan = plan_at(degree, live)
+        live, copy_bytes = self._live_set(degree), 0 if degree in self._recompute else copies
+        memory_plan = plan_at(degree, live, copy_bytes)
         # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
         if device.captures and device.on_gpu and memory_plan.fits:
-            measured = self._dry_call(degree)
-            if measured is not None:
+            for attempt in range(_REFITS + 1):
+                measured = self._dry_call(degree)
+                if measured is None:
+                    break
+                missed = measured[0][0] - live[0]  # Inductor's buffers beyond the schedule
                 live, copy_bytes = measured
                 only = self._fused_graph(degree).copies_only  # type: ignore[union-attr]
                 memory_plan = plan_at(degree, live, copy_bytes, only)
+                if memory_plan.fits or attempt == _REFITS:
+                    break
+                if not self._refit(degree, missed, plan_at):
+                    break
+                live, copy_bytes = self._live_set(degree), 0
         # Compiled here where a device can run it; without a GPU, the run's load compiles it.
         compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
         recompute = self._recompute.get(degree)
@@ -187,6 +203,25 @@ class Planner:
             lowering=tuple(schedule),
             recompute=recompute,
         )
+
+    def _refit(self, degree: int, missed: int, plan_at: Callable[..., MemoryPlan]) -> bool:
+        """Recompute more at `degree`, as if each schedule held `missed` bytes more; if it can.
+
+        The compiled step held `missed` bytes beyond the schedule's estimate and
+        did not fit; the search runs again against the estimate plus those bytes,
+        and a different graph is compiled and measured in its place.
+        """
+        old = self._recompute.get(degree)
+        found = fit(
+            self._stacked(degree),
+            lambda g: plan_at(degree, (self._live_of(g)[0] + missed, None)).fits,
+            matmul_flops,
+        )
+        if found is None or not found.fits or (old is not None and found.graph is old.graph):
+            return False
+        self._recompute[degree] = found
+        self._fused.pop(degree, None)
+        return True
 
     def _degrees(self) -> list[int]:
         """The stacking degrees a call may run, largest first (1 only op by op)."""
@@ -474,6 +509,18 @@ def _constant_bytes(graph: Graph) -> int:
 def _leaf_bytes(graph: Graph) -> int:
     """What a dry call's live set leaves out: the fed parameters and the constants."""
     return _fed_param_bytes(graph) + _constant_bytes(graph)
+
+
+def _copy_bytes(graph: Graph) -> int:
+    """The bf16 copies of `graph`'s parameters a fused step reads (`param_copies.py`)."""
+    cast = {
+        id(x)
+        for n in graph.nodes()
+        if n.op is Op.CAST and n.dtype is DType.BF16
+        for x in n.inputs
+        if x.op is Op.PARAM
+    }
+    return sum(2 * p.size for p in graph.params.values() if id(p) in cast)
 
 
 def _fed_param_bytes(graph: Graph) -> int:

@@ -110,6 +110,10 @@ class Trainer:
     started
         ``time.perf_counter()`` when the run's preparation began: the first
         step's ``runtime/first_step_s`` counts from it (None: not recorded).
+    prepared
+        ``(phase, time.perf_counter() at its end)`` for the preparation's phases,
+        in order: the first step's wait is reported by phase
+        (``runtime/startup/<phase>_s``).
 
     Attributes
     ----------
@@ -143,9 +147,10 @@ class Trainer:
         announce: Callable[[str], None] | None = None,
         shard_optimizer: bool = False,
         started: float | None = None,
+        prepared: Sequence[tuple[str, float]] = (),
     ) -> None:
         self.make_program, self.data, self.settings = make_program, data, settings
-        self.started = started
+        self.started, self.prepared = started, tuple(prepared)
         self.runtime = runtime or RuntimeConfig()
         self.run_dir = Path(run_dir)
         self.hash = experiment_hash
@@ -270,6 +275,7 @@ class Trainer:
             init=self.init,
             shard=self.shard_optimizer,
             started=self.started,
+            prepared=self.prepared,
         )
 
     def _open_folder(self) -> RunClaim:

@@ -102,6 +102,10 @@ class RunContext:
         ``time.perf_counter()`` when the run's preparation began (the
         command's start): the first step's ``runtime/first_step_s`` counts
         from it. None: not recorded.
+    prepared
+        ``(phase, time.perf_counter() at its end)`` for the preparation's
+        phases (``front end``, ``plan``), in order: the first step's wait
+        is split by them (`startup`).
     """
 
     settings: RunSettings
@@ -122,6 +126,7 @@ class RunContext:
     init: Mapping[str, np.ndarray] | None = None
     shard: bool = False
     started: float | None = None
+    prepared: tuple[tuple[str, float], ...] = ()
 
 
 def carry_key(node: int) -> str:
@@ -157,6 +162,7 @@ class RankLoop:
         self.lead = ctx.rank == 0 and run.link.node_rank == 0
         self.speaker = ctx.rank == 0 and run.link.nodes > 1  # this node's voice to the others
         self.program = program
+        self._loaded = time.perf_counter()  # the program is made: the preparation's end
         self.loader = loader
         shard_over = self.comms if run.shard else None
         if ckpt is None:
@@ -382,6 +388,8 @@ class RankLoop:
         first = self._first_step_s(step)
         if first is not None:  # compiling and loading included: what a user waits
             w(step, "runtime/first_step_s", first)
+            for phase, seconds in self._startup():
+                w(step, f"runtime/startup/{phase.replace(' ', '_')}_s", seconds)
         for line in extras["events"]:
             self.metrics.annotate(step, line)
         for name, value in extras["diagnostics"].items():
@@ -428,6 +436,7 @@ class RankLoop:
             eval_step=self.last["eval_step"],
             unit=self.loader.item_unit,
             first_step_s=self._first_step_s(step),
+            startup=self._startup() if step == self.start + 1 else (),
         )
 
     def _first_step_s(self, step: int) -> float | None:
@@ -438,6 +447,22 @@ class RankLoop:
         if self._first is None:
             self._first = time.perf_counter() - started
         return self._first
+
+    def _startup(self) -> tuple[tuple[str, float], ...]:
+        """The first step's wait by phase: the preparation's, ``load``, the ``step`` itself."""
+        started = self.run_ctx.started
+        if started is None or self._first is None or not self.run_ctx.prepared:
+            return ()
+        ends = [
+            *self.run_ctx.prepared,
+            ("load", self._loaded),
+            ("step", started + self._first),
+        ]
+        found, before = [], started
+        for phase, end in ends:
+            found.append((phase, max(0.0, end - before)))
+            before = end
+        return tuple(found)
 
     def _peak_line(self) -> str | None:
         plan = self.run_ctx.plan

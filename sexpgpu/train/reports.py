@@ -25,8 +25,9 @@ class StepReport:
     eval_accuracy: float | None = None
     eval_step: int | None = None  # the step of the latest evaluation
     unit: str = "tok"  # what tokens_per_s counts: tok (streams) or samples (arrays)
-    # At the run's first step: seconds since its start (compiling included).
+    # At the run's first step: seconds since its start (compiling included), and by phase.
     first_step_s: float | None = None
+    startup: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass

@@ -116,6 +116,7 @@ def prepare_run(
     if log:  # --log adds to :log, each logger once
         settings = dataclasses.replace(settings, log=tuple(dict.fromkeys([*settings.log, *log])))
     compiled = compile_run(experiment, rundef)  # once per run; errors surface before any thread
+    prepared = [("front end", time.perf_counter())]
     _check_trainable(compiled, rundef)
     init, record = None, {"sets": dict(experiment.sets)} if experiment.sets else {}
     if init_from is not None:
@@ -132,6 +133,7 @@ def prepare_run(
         microbatches=microbatches_per_rank(settings.microbatches, config.world_size),
     )
     check_plan(plan, hint="shrink the model's sizes")  # E-MEM-001 before any initializer runs
+    prepared.append(("plan", time.perf_counter()))  # the step compiled or loaded included
     local = config.local_devices
     identity = experiment_identity(experiment, rundef.name)
 
@@ -161,6 +163,7 @@ def prepare_run(
         record=record,
         shard_optimizer=shards > 1,
         started=started,
+        prepared=prepared,
     )
 
 

@@ -162,7 +162,6 @@ class RankLoop:
         self.lead = ctx.rank == 0 and run.link.node_rank == 0
         self.speaker = ctx.rank == 0 and run.link.nodes > 1  # this node's voice to the others
         self.program = program
-        self._loaded = time.perf_counter()  # the program is made: the preparation's end
         self.loader = loader
         shard_over = self.comms if run.shard else None
         if ckpt is None:
@@ -174,6 +173,7 @@ class RankLoop:
             state = HostState(ckpt.params, ckpt.optimizer, ckpt.state["optimizer"])
             program.start(s.optimizer, seed=s.seed, state=state, shard_over=shard_over)
             self.loader.restore(ckpt.state["loaders"][self.comms.rank])
+        self._loaded = time.perf_counter()  # the parameters are on the device: loading ends
         self.schedule = make_schedule(s.schedule, s.optimizer.options["lr"], s.steps)
         self.diagnostics = self._diagnostics()
         self.peak, self.per_s = 0, 0.0  # the run's highest peak_bytes; the last tokens/s

@@ -25,7 +25,8 @@ chooses them for a memory budget, with the least added work:
    residual network's sums between its blocks and sub-blocks). A segment's
    values are then made again from the cut before it, in the segment's own
    backward, so only the cuts and one segment live at once. It costs about
-   one more forward; when even it does not fit, nothing does.
+   one more forward. Where it does not fit, every second cut is kept, then
+   every third, every fourth; when none fits, nothing does.
 
 Values are counted by buffer: a view (reshape, transpose, broadcast, slice)
 shares its operand's buffer, is never a choice of its own, and is made again
@@ -42,9 +43,9 @@ read) to the end of the step.
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Graph, Node, topological_order
@@ -58,6 +59,7 @@ _PER_ELEMENT = {op: 5 for op in FUSED} | {Op.LAYERNORM: 8, Op.GELU: 8}
 
 
 _NEVER = 1 << 62
+_SPACINGS = (1, 2, 3, 4)  # which cuts checkpointing keeps: every one, every second, ...
 _NEARBY = 8
 
 
@@ -85,7 +87,7 @@ def _root(node: Node) -> Node:
     return node
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Move:
     """One step of the walk: values to recompute, the kept bytes it frees, the work it adds."""
 
@@ -315,9 +317,9 @@ def cuts(graph: Graph, loss: str = "loss") -> list[Node]:
     return chain
 
 
-def _checkpointed(graph: Graph, loss: str) -> list[Node]:
-    """The buffers to make again when checkpointing at the cuts: every forward one but them."""
-    keep = {id(n) for n in cuts(graph, loss)}
+def _checkpointed(graph: Graph, loss: str, every: int = 1) -> list[Node]:
+    """The buffers to make again when checkpointing at every `every`-th cut: all but those."""
+    keep = {id(n) for n in cuts(graph, loss)[every - 1 :: every]}
     forward = topological_order([graph.outputs[loss]])
     return [n for n in forward if n.op not in LEAF and n.op not in VIEW and id(n) not in keep]
 
@@ -378,7 +380,7 @@ def _reordered(graph: Graph, loss: str) -> Graph:
     return graph.with_outputs({name: graph.outputs[name] for name in order})
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Recomputation:
     """The rewritten graph that fits, or the cheapest full recomputation where none does.
 
@@ -447,8 +449,15 @@ def fit(
     if k is not None:
         rewritten, values = at(k)
         return Recomputation(rewritten, values, flops(rewritten), flops(graph), True)
-    rewritten, values = _rewrite(graph, _checkpointed(graph, loss), loss)
-    return Recomputation(rewritten, values, flops(rewritten), flops(graph), fits(rewritten))
+    # Every cut kept, then every second, ...: longer segments, fewer values kept between
+    # them, about the same work (each value is made once more either way).
+    tried = []
+    for every in _SPACINGS:
+        rewritten, values = _rewrite(graph, _checkpointed(graph, loss, every), loss)
+        tried.append(Recomputation(rewritten, values, flops(rewritten), flops(graph), False))
+        if fits(rewritten):
+            return dataclasses.replace(tried[-1], fits=True)
+    return tried[0]
 
 
 def _least(n: int, ok: Callable[[int], bool]) -> int | None:

@@ -145,3 +145,18 @@ def test_checkpointing_at_the_cuts_fits_below_the_walks_last_move():
     before, after = CpuProgram(graph)(feeds), CpuProgram(done.graph)(feeds)
     for name in graph.outputs:
         assert np.array_equal(before[name], after[name]), name
+
+
+def test_where_every_cut_kept_does_not_fit_every_second_one_may():
+    from sexpgpu.ir.recompute import _checkpointed
+
+    text = LLAMA.read_text() + DEEP.replace("(layers 4)", "(layers 8)")
+    graph = _train_graph("deep", text, path=LLAMA).train_graph
+
+    def peak_keeping(every):
+        return _peak(recompute_graph(graph, _checkpointed(graph, "loss", every)))
+
+    every_cut, every_second = peak_keeping(1), peak_keeping(2)
+    assert every_second < every_cut  # longer segments, half the cuts kept
+    done = fit(graph, lambda g: _peak(g) <= every_second, matmul_flops)
+    assert done is not None and done.fits and _peak(done.graph) == every_second

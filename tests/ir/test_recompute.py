@@ -160,3 +160,16 @@ def test_where_every_cut_kept_does_not_fit_every_second_one_may():
     assert every_second < every_cut  # longer segments, half the cuts kept
     done = fit(graph, lambda g: _peak(g) <= every_second, matmul_flops)
     assert done is not None and done.fits and _peak(done.graph) == every_second
+
+
+@pytest.mark.parametrize("every", [1, 2])
+@pytest.mark.parametrize("example", ["gpt", "llama"])
+def test_a_graph_checkpointed_at_its_cuts_computes_the_same_bits(example, every):
+    from sexpgpu.ir.recompute import _checkpointed
+
+    graph = _train_graph(path=ROOT / "examples" / f"{example}.lisp").train_graph
+    rewritten = recompute_graph(graph, _checkpointed(graph, "loss", every))
+    feeds = _feeds(graph)
+    before, after = CpuProgram(graph)(feeds), CpuProgram(rewritten)(feeds)
+    for name in graph.outputs:
+        assert np.array_equal(before[name], after[name]), name

@@ -432,8 +432,9 @@ def fit(
     Returns
     -------
     Recomputation or None
-        The walk's fewest moves that fit; else the graph checkpointed at the cuts,
-        with ``fits`` False where even it does not fit.
+        The walk's fewest moves that fit; else the graph checkpointed at the
+        cuts (every one kept, else every second, ...) that fits; else the one
+        keeping every cut, with ``fits`` False.
     """
     if fits(graph):
         return None

@@ -93,6 +93,22 @@ def test_explain_plans_the_cuda_device_that_fits_a_smaller_card(capsys, monkeypa
     assert after > before  # the graph printed is the one the device runs, recomputing
 
 
+def test_gpt2_small_in_3_gib_recomputes_at_the_stacking_degree_it_picks(capsys, monkeypatch):
+    # README's command. A degree that recomputes keeps no bf16 parameter copies, so its
+    # plan is not charged for them: the cost model may pick 2 microbatches a call.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("plans the card named by SEXPGPU_MEMORY where no GPU is visible")
+    from sexpgpu.cli import main
+
+    monkeypatch.setenv("SEXPGPU_MEMORY", "3GiB")
+    assert main(["explain", str(GPT), "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"; stacking 2: the cost model's pick \(.* 1 [\d.]+ ms\)", out), out[:2000]
+    assert re.search(r"; recompute: \d+ values, \+\d+% FLOPs, plan 3\.0 GiB of 3\.0 GiB", out)
+    assert "parameter copies 0.0 GiB" in out
+
+
 @pytest.mark.gpu
 def test_a_cuda_run_that_recomputes_trains_within_bf16_tolerance(tmp_path):
     torch = pytest.importorskip("torch")

@@ -150,9 +150,13 @@ class Planner:
         # A fused step that does not recompute reads bf16 copies the update keeps all step.
         copies = _copy_bytes(self.compiled.train_graph) if device.fuse else 0
 
+        def copy_bytes_at(degree: int) -> int:
+            return 0 if degree in self._recompute else copies
+
         def fits(degree: int, graph: Graph | None = None) -> bool:
             if graph is None:
-                return plan_at(degree, (self._numbers(degree)[0], None), copies).fits
+                live = (self._numbers(degree)[0], None)
+                return plan_at(degree, live, copy_bytes_at(degree)).fits
             return plan_at(degree, self._live_of(graph)).fits
 
         if not any(fits(d) for d in self._degrees()):
@@ -167,7 +171,7 @@ class Planner:
         choice = self._choose(fits)
         self._remember()
         degree = choice.degree
-        live, copy_bytes = self._live_set(degree), 0 if degree in self._recompute else copies
+        live, copy_bytes = self._live_set(degree), copy_bytes_at(degree)
         memory_plan = plan_at(degree, live, copy_bytes)
         # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
         if device.captures and device.on_gpu and memory_plan.fits:

@@ -317,9 +317,15 @@ def cuts(graph: Graph, loss: str = "loss") -> list[Node]:
     return chain
 
 
-def _checkpointed(graph: Graph, loss: str, every: int = 1) -> list[Node]:
-    """The buffers to make again when checkpointing at every `every`-th cut: all but those."""
-    keep = {id(n) for n in cuts(graph, loss)[every - 1 :: every]}
+def _checkpointed(
+    graph: Graph, loss: str, every: int = 1, found: list[Node] | None = None
+) -> list[Node]:
+    """The buffers to make again when checkpointing at every `every`-th cut: all but those.
+
+    `found`: the graph's `cuts`, where the caller has them already.
+    """
+    found = cuts(graph, loss) if found is None else found
+    keep = {id(n) for n in found[every - 1 :: every]}
     forward = topological_order([graph.outputs[loss]])
     return [n for n in forward if n.op not in LEAF and n.op not in VIEW and id(n) not in keep]
 
@@ -452,9 +458,9 @@ def fit(
         return Recomputation(rewritten, values, flops(rewritten), flops(graph), True)
     # Every cut kept, then every second, ...: longer segments, fewer values kept between
     # them, about the same work (each value is made once more either way).
-    tried = []
+    tried, found = [], cuts(graph, loss)
     for every in _SPACINGS:
-        rewritten, values = _rewrite(graph, _checkpointed(graph, loss, every), loss)
+        rewritten, values = _rewrite(graph, _checkpointed(graph, loss, every, found), loss)
         tried.append(Recomputation(rewritten, values, flops(rewritten), flops(graph), False))
         if fits(rewritten):
             return dataclasses.replace(tried[-1], fits=True)

@@ -187,7 +187,7 @@ class Planner:
                     break
                 if not self._refit(degree, missed, plan_at):
                     break
-                live, copy_bytes = self._live_set(degree), 0
+                live, copy_bytes = self._live_set(degree), copy_bytes_at(degree)
         # Compiled here where a device can run it; without a GPU, the run's load compiles it.
         compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
         recompute = self._recompute.get(degree)

@@ -289,10 +289,24 @@ def run_child(side: str, size: str, args: argparse.Namespace) -> dict:
     }
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as timeout:
+        done = None
+        out, err = timeout.stdout or "", timeout.stderr or ""
+    else:
+        out, err = done.stdout, done.stderr
+    if args.logs:  # the child's whole output: a failure's traceback, sexpgpu's report
+        logs = Path(args.logs)
+        logs.mkdir(parents=True, exist_ok=True)
+        text = [t.decode(errors="replace") if isinstance(t, bytes) else t for t in (out, err)]
+        (logs / f"{side}_{size}.log").write_text("\n".join(text))
+    if done is None:
         return {"error": f"timed out after {args.timeout} s"}
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    return json.loads(lines[-1][7:]) if lines else {"error": done.stderr[-800:]}
+    lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    if lines:
+        return json.loads(lines[-1][7:])
+    # The exception's own line (a traceback's last), not the frames above it.
+    last = [x for x in err.splitlines() if x.strip() and not x.startswith(" ")]
+    return {"error": (last[-1] if last else err)[-400:]}
 
 
 def main() -> None:
@@ -303,6 +317,7 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--card", type=float, help="GiB the GPU may use, both sides alike")
+    parser.add_argument("--logs", help="a folder for each side and size's whole output")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--size", help=argparse.SUPPRESS)

@@ -117,12 +117,11 @@ def test_an_unwritable_cache_costs_nothing_but_the_entry(tmp_path: Path) -> None
 def test_the_key_names_graph_sums_options_settings_and_device() -> None:
     cpu = torch.device("cpu")
 
-    def key(graph="g", device=cpu, sums=("loss",), overwrite=False, options=None, settings=None):
+    def key(graph="g", device=cpu, sums=("loss",), options=None, settings=None):
         return step_key(
             graph,
             device,
             sums=sums,
-            overwrite=overwrite,
             options=options or {},
             settings=settings or {"deterministic": False},
         )
@@ -132,7 +131,7 @@ def test_the_key_names_graph_sums_options_settings_and_device() -> None:
     others = [
         key(graph="g2"),
         key(sums=("loss", "grad/w")),
-        key(overwrite=True),
+        key(sums=()),
         key(options={"deterministic": True}),
         key(settings={"deterministic": True}),
         key(device=torch.device("meta")),
@@ -156,7 +155,7 @@ def test_the_plan_key_names_both_graphs_degrees_settings_and_device() -> None:
         key(device=torch.device("meta")),
     ]
     assert base == key() and len({base, *others}) == len(others) + 1
-    assert base != step_key("t", cpu, sums=(), overwrite=False, options={}, settings={})
+    assert base != step_key("t", cpu, sums=(), options={}, settings={})
 
 
 # ---------------------------------------------------------------- plans

@@ -98,28 +98,40 @@ def test_fused_sums_equal_the_interpreter(kind: str, which: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
-def test_an_overwriting_graph_writes_a_steps_first_call_and_adds_the_others(kind: str) -> None:
+def test_a_whole_step_returns_its_sums(kind: str) -> None:
     compiled = _compiled("mlp")
     graph, device = compiled.train_graph, _device(kind)
     host = compiled.init_params(0)
     params = {k: torch.from_numpy(v).to(device) for k, v in host.items()}
-    batches = [_feeds(graph, seed) for seed in (1, 2, 3, 4)]
-    fused = FusedGraph(
-        graph, device, sums=list(graph.outputs), examples={**batches[0], **params}, overwrite=True
-    )
-    buffers = {name: torch.full_like(b, 7.0) for name, b in fused.zero_buffers().items()}
+    batches = [_feeds(graph, seed) for seed in (1, 2, 3)]
+    fused = FusedGraph(graph, device, sums=[], examples={**batches[0], **params})
+    assert fused.zero_buffers() == {}
     interpreter = CpuProgram(graph)
-    outs = [interpreter({**batch, **host}) for batch in batches]
-    # Steps of one call (on a GPU: a plain call, a capture, a replay), on buffers never zeroed.
-    for batch, out in zip(batches[:3], outs, strict=False):
-        fused({**batch, **params}, buffers, zeros=True)
-        for name, value in out.items():
-            np.testing.assert_allclose(buffers[name].cpu().numpy(), value, rtol=1e-4, atol=1e-5)
-    fused({**batches[3], **params}, buffers)  # a second call of the same step adds
-    for name in graph.outputs:
-        total = outs[2][name] + outs[3][name]
-        np.testing.assert_allclose(buffers[name].cpu().numpy(), total, rtol=1e-4, atol=1e-5)
+    # On a GPU: a plain call, a capture, a replay.
+    for batch in batches:
+        got = fused({**batch, **params}, {})
+        for name, value in interpreter({**batch, **host}).items():
+            np.testing.assert_allclose(got[name].cpu().numpy(), value, rtol=1e-4, atol=1e-5)
     assert fused.captured is (kind == "cuda")
+
+
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_a_whole_step_makes_its_bf16_weight_gradients_in_f32_as_a_summing_one(kind) -> None:
+    """The products a step returns are made in f32 at once (``mm_f32``), bit for bit the sums'."""
+    experiment = load_experiment_text(MLP.replace(":seed 3", ':seed 3 :dtype "bf16"'), "mlp.lisp")
+    compiled = compile_run(experiment, experiment.run())
+    graph, device = compiled.train_graph, _device(kind)
+    params = {k: torch.from_numpy(v).to(device) for k, v in compiled.init_params(0).items()}
+    feeds = {**_feeds(graph, 1), **params}
+    whole = FusedGraph(graph, device, sums=[], examples=feeds)
+    summing = FusedGraph(graph, device, sums=list(graph.outputs), examples=feeds)
+    assert whole.sum_products == summing.sum_products == 2  # both linear layers' weights
+    buffers = summing.zero_buffers()
+    summing(feeds, buffers, zeros=True)
+    got = whole(feeds, {})
+    for name in graph.outputs:
+        assert got[name].dtype == torch.float32
+        torch.testing.assert_close(got[name], buffers[name], rtol=0, atol=0)
 
 
 def _gpt_on_cpu():
@@ -220,9 +232,9 @@ def test_a_refused_capture_runs_the_step_without_a_cuda_graph(monkeypatch) -> No
 
 
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
-@pytest.mark.parametrize("overwrite", [False, True], ids=["adds", "writes"])
+@pytest.mark.parametrize("whole", [False, True], ids=["adds", "returns"])
 def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(
-    kind, overwrite, monkeypatch, tmp_path
+    kind, whole, monkeypatch, tmp_path
 ):
     """Four parts, each compiled by a worker into the shared cache, then loaded here.
 
@@ -243,10 +255,9 @@ def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(
         fused = FusedGraph(
             graph,
             device,
-            sums=list(graph.outputs),
+            sums=[] if whole else list(graph.outputs),
             examples={**batches[0], **params},
             pool=pool,
-            overwrite=overwrite,
         )
     finally:
         pool.close()
@@ -256,13 +267,15 @@ def test_a_step_compiled_in_parts_by_workers_sums_as_the_interpreter(
     buffers = {name: torch.full_like(b, 7.0) for name, b in fused.zero_buffers().items()}
     strides = {name: b.stride() for name, b in buffers.items()}
     for i, batch in enumerate(batches):  # on a GPU: a plain call, then a capture
-        fused({**batch, **params}, buffers, zeros=i == 0)
+        returned = fused({**batch, **params}, buffers, zeros=i == 0)
     assert {name: b.stride() for name, b in buffers.items()} == strides
     interpreter = CpuProgram(graph)
     outs = [interpreter({**batch, **host}) for batch in batches]
     for name in graph.outputs:
-        value = outs[0][name] + outs[1][name] + (0.0 if overwrite else 7.0)
-        got = buffers[name].cpu().numpy()
+        if whole:  # the last call's own
+            value, got = outs[1][name], returned[name].cpu().numpy()
+        else:  # both calls' added to what the buffers held
+            value, got = outs[0][name] + outs[1][name] + 7.0, buffers[name].cpu().numpy()
         scale = float(np.max(np.abs(value))) or 1.0
         assert np.max(np.abs(got - value)) <= 1e-4 * max(scale, 1e-3), name
 
@@ -303,15 +316,14 @@ def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path)
     params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
     pool = parallel_compile.CompilePool(2)
     try:
-        for seed in (1, 2):  # the second graph differs: it writes its sums
+        for seed in (1, 2):  # the second graph differs: it returns its sums
             examples = {**_feeds(graph, seed), **params}
             fused = FusedGraph(
                 graph,
                 torch.device("cpu"),
-                sums=list(graph.outputs),
+                sums=[] if seed == 2 else list(graph.outputs),
                 examples=examples,
                 pool=pool,
-                overwrite=seed == 2,
             )
             assert "in 2 parts, 2 of them by compile workers" in fused.report_lines()[0]
     finally:

@@ -246,3 +246,26 @@ def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
     assert measured[0] is None  # first the step as compiled, then one that recomputes
     assert measured[-1] is not None and plan.recompute is measured[-1]
     assert plan.memory.fits and plan.memory.total <= budget
+
+
+def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
+    # Made as the backward goes, they share the call's memory with the activations
+    # (no buffers for the run): every one is live at the call's end, beside the parameters.
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("plans without a GPU (a GPU's plan compiles the step)")
+    from sexpgpu.devices.cuda.device import CudaDevice
+    from sexpgpu.devices.cuda.executor import TorchGraph
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+
+    experiment = load_experiment(GPT, variant="smoke")
+    compiled = compile_run(experiment, experiment.run(None))
+    plan = CudaDevice().plan(compiled, moments=2, ranks=1, memory=2**40, microbatches=1)
+    assert plan.choice.degree == 1 and plan.recompute is None
+    grads = 4 * compiled.param_count
+    assert plan.memory.parts["gradients"] == 0
+    assert plan.memory.parts["activations"] >= grads
+    schedule = TorchGraph(compiled.train_graph, torch.device("cpu"))
+    held, _ = schedule.peak_with_params_held()
+    assert held >= schedule.planned_peak_bytes and held >= 2 * grads  # parameters and gradients

@@ -147,7 +147,6 @@ def step_key(
     device: Any,
     *,
     sums: tuple[str, ...],
-    overwrite: bool,
     options: Mapping[str, Any],
     settings: Mapping[str, Any],
 ) -> str:
@@ -155,7 +154,6 @@ def step_key(
     material = {
         "graph": hashlib.sha256(graph_text.encode()).hexdigest(),
         "sums": list(sums),
-        "overwrite": overwrite,
         "options": _texts(options),
     }
     return _digest(material, device, settings)

@@ -234,7 +234,7 @@ class CudaDevice:
             plan.stacked,
             device,
             self.torch,
-            overwrite=plan.choice.degree == plan.microbatches,
+            whole_step=plan.choice.degree == plan.microbatches,
             cache=self.cache,
             copies=plan.recompute is None,  # as the planner compiled it
         )

@@ -114,8 +114,8 @@ class TorchGraph:
         # What each attention node ran: (backend, why it fell back), never its
         # tensors, which would outlive the call (1.2 GiB of examples/gpt.lisp's).
         self._used: dict[int, tuple[str, str | None]] = {}
-        self.steps, self._stash_users, last = self._plan()
-        self.planned_peak_bytes, self.peak_node = self._peak(last)
+        self.steps, self._stash_users, self._last = self._plan()
+        self.planned_peak_bytes, self.peak_node = self._peak()
         self._constants = {
             i: LOWERINGS[n.op](n, self.device)
             for i, n in enumerate(self.order)
@@ -155,8 +155,19 @@ class TorchGraph:
         ]
         return steps, users, last
 
-    def _peak(self, last: list[int]) -> tuple[int, Node | None]:
+    def peak_with_params_held(self) -> tuple[int, Node | None]:
+        """(peak bytes, node at the peak), the parameters held for the whole call.
+
+        What a step that returns its gradients holds: each gradient from when
+        it is made, beside the activations still alive, while the parameters
+        stay (they outlive the call); the schedule's own peak drops a
+        parameter after its last use, about when its gradient appears.
+        """
+        return self._peak(held=True)
+
+    def _peak(self, held: bool = False) -> tuple[int, Node | None]:
         """(peak bytes, node at the peak): buffers added as they appear, dropped after last use."""
+        last = self._last
         n = len(self.order)
         storage = list(range(n))
         buffer_last = list(last)
@@ -168,6 +179,8 @@ class TorchGraph:
                 buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
             elif node.op in _MADE_ONCE:
                 always += made_once_bytes(node)
+            elif held and node.op is Op.PARAM:
+                always += node.size * _itemsize(node.dtype)
             else:
                 nbytes[i] = node.size * _itemsize(node.dtype)
         change: Counter = Counter()  # what a forward stashes, until its (last) gradient

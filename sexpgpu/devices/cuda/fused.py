@@ -13,10 +13,12 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    (`sexpgpu.devices.cuda.fx_rewrites`), its weight gradients' products
    write into their buffers, and it reads each parameter it casts
    to bf16 from a copy the update keeps (`ParamCopies`) instead of casting;
-3. **sum in place**: the traced function adds each summed output (the loss,
-   every gradient) into a buffer the caller passes, so the gradient
-   accumulation fuses into the backward's last kernels; where a step is one
-   call (`overwrite`), it writes them there instead, and nothing is zeroed.
+3. **sum in place**: where a step is several calls, the traced function
+   adds each summed output (the loss, every gradient) into a buffer the
+   caller passes, so the gradient accumulation fuses into the backward's
+   last kernels. Where a step is one call, it returns them (no `sums`): each
+   gradient is allocated as the backward makes it, so the gradients of the
+   last layers share the step's memory with the activations of the first.
 4. **compile**: ``torch._inductor.compile`` fuses the elementwise and
    reduction regions into generated Triton kernels (C++ on the CPU) and
    calls cuBLAS and SDPA for the rest; with a pool of compile workers, in a
@@ -122,14 +124,11 @@ class FusedGraph:
         ``torch.device("cuda", i)``, or ``torch.device("cpu")`` (tests: the
         same trace and compiler, C++ kernels, no capture).
     sums
-        Outputs added into caller's buffers instead of returned.
+        Outputs added into caller's buffers instead of returned (none for a
+        step of one call: it returns them all, made as the backward goes).
     examples
         Feeds of the right shapes: the trace runs the lowering once on them
         (its ids must lie in their tables; zeros do).
-    overwrite
-        A call on buffers said to be zeros writes its outputs there rather
-        than adding them (for runs whose step is one call): the buffers need
-        no zeroing, and the backward's last kernels read nothing back.
     pool
         Worker processes that compile parts of the step at once
         (`sexpgpu.devices.cuda.parallel_compile`), started only where the
@@ -151,7 +150,6 @@ class FusedGraph:
         *,
         sums: Sequence[str],
         examples: Mapping[str, Any],
-        overwrite: bool = False,
         pool: CompilePool | None = None,
         cache: StepCache | None = None,
         copies: bool = True,
@@ -163,7 +161,6 @@ class FusedGraph:
         self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
         self.cached = False  # whether the step came from the compile cache
         self.traced_before = False  # whether its trace did (Inductor's code may not have)
-        self.overwrite = overwrite
         self.eager = TorchGraph(graph, self.device)
         self.graph = self.eager.graph  # decomposed where the lowering has no kernel
         self._ids = _fed_ids(self.graph)
@@ -180,9 +177,6 @@ class FusedGraph:
         self._replay = Replay(self.device, "fused step")
         self._static: list[torch.Tensor] = []  # the inputs a capture reads, refilled per call
         self.calls = 0
-        # Calls on buffers not said to be zeros of an overwriting graph: no capture
-        # of it can replay them (a step of several calls would need the adding graph).
-        self.unreplayed = 0
 
     def for_caller(self) -> FusedGraph:
         """The same compiled step with a capture and inputs of its own, for one rank's calls.
@@ -194,7 +188,7 @@ class FusedGraph:
         twin = copy.copy(self)
         twin._replay = Replay(self.device, "fused step")
         twin._replay.enabled, twin._replay.refused = self._replay.enabled, self._replay.refused
-        twin._static, twin.calls, twin.unreplayed = [], 0, 0
+        twin._static, twin.calls = [], 0
         return twin
 
     @property
@@ -263,10 +257,7 @@ class FusedGraph:
         with ids_checked_by_caller():
             out = self.eager(feeds, after_step=after_step if mode is not None else None)
         for buffer, name in zip(buffers, self.sums, strict=True):
-            if self.overwrite:
-                buffer.copy_(out[name])
-            else:
-                buffer.add_(out[name])
+            buffer.add_(out[name])
         return tuple(out[name] for name in self.returned)
 
     def _compile(self, examples: Mapping[str, Any], cache: StepCache | None) -> Any:
@@ -284,7 +275,6 @@ class FusedGraph:
                 format_graph(self.graph, spans=False),
                 self.device,
                 sums=self.sums,
-                overwrite=self.overwrite,
                 options={**options, "param_copies": self.copies},
                 settings=settings(),
             )
@@ -512,19 +502,15 @@ class FusedGraph:
 
         `copies` are the bf16 copies of the parameters the update keeps
         (`sexpgpu.devices.cuda.param_copies`; None: made for this call).
-        `zeros` says the buffers count as zeros (a step's first call): a
-        failed call may simply zero them again, and with `overwrite` they
-        need not hold zeros at all. The other outputs are returned; after a
-        replay they live in the CUDA graph's memory and are overwritten by
-        the next call.
+        `zeros` says the buffers hold zeros (a step's first call): a failed
+        call may simply zero them again. The other outputs are returned;
+        after a replay they live in the CUDA graph's memory and are
+        overwritten by the next call.
         """
         self.check_ids(feeds)
         flat = self._flat(feeds, buffers, copies)
         self.calls += 1
-        # The captured graph sums the way it was compiled to: into buffers as they are.
-        direct = zeros or not self.overwrite
-        self.unreplayed += not direct
-        if not (direct and self.capture):
+        if not self.capture:
             out = self._once(flat, buffers, zeros)
         else:
             n_in = len(self.inputs)
@@ -561,8 +547,7 @@ class FusedGraph:
             try:
                 return self._compiled(*flat)
             except BaseException:
-                if not self.overwrite:  # an overwriting call's retry writes them anew
-                    torch._foreach_zero_(list(flat[n:]))
+                torch._foreach_zero_(list(flat[n:]))
                 raise
         scratch = [torch.zeros_like(b) for b in flat[n:]]
         out = self._compiled(*flat[:n], *scratch)

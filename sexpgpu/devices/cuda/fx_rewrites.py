@@ -20,6 +20,8 @@ step, the copy the update writes (`sexpgpu.devices.cuda.param_copies`).
 `products_into_sums`: a product whose only reader writes it (cast or not)
 into a sum buffer, or adds it there, does so itself
 (`sexpgpu.devices.cuda.sum_products`): no pass of its own per weight gradient.
+A step that returns its sums instead has each product it returns cast to
+f32 made in f32 at once (``mm_f32``), in a tensor allocated as it is made.
 """
 
 from __future__ import annotations
@@ -116,16 +118,20 @@ def param_casts_to_inputs(gm: fx.GraphModule, params: list[fx.Node]) -> list[int
 
 
 def products_into_sums(gm: fx.GraphModule) -> int:
-    """Make each product written or added into a buffer (placeholder) alone do it; how many.
+    """Make each product written, added or returned as a sum alone do it; how many.
 
     The write is ``copy_(buffer, p)`` or ``add_(buffer, p)``, where ``p`` is
     the ``mm`` or its cast to the buffer's dtype, each read by the next
     alone, and the buffer, contiguous and of the product's shape, is read
     by nothing else. The ``sexpgpu::mm_into`` that replaces them takes the
     product's place (and name): the buffer is written as the product is made.
+    A bf16 product cast to f32 and only returned becomes ``sexpgpu::mm_f32``.
     """
     graph, moved = gm.graph, 0
     for write in list(graph.nodes):
+        if write.op == "output":
+            moved += _returned_products(graph, write)
+            continue
         if write.op != "call_function" or write.target not in _SUM_WRITES or write.kwargs:
             continue
         buffer, value = write.args
@@ -148,14 +154,43 @@ def products_into_sums(gm: fx.GraphModule) -> int:
         graph.erase_node(write)
         if cast is not None:
             graph.erase_node(cast)
-        name = product.name
-        graph.erase_node(product)
-        into._rename(name)
+        _take_place(into, product)
         moved += 1
     if moved:
         graph.lint()
         gm.recompile()
     return moved
+
+
+def _returned_products(graph: fx.Graph, output: fx.Node) -> int:
+    """Each bf16 product that `output` alone reads, cast to f32, made by ``mm_f32``; how many."""
+    moved = 0
+    for cast in dict.fromkeys(a for a in output.all_input_nodes):
+        if not (_calls(cast, _CASTS) and set(cast.users) == {output}):
+            continue
+        product = cast.args[0] if cast.args else None
+        if not (_calls(product, _PRODUCT) and len(product.users) == 1):
+            continue
+        val = _val(product)
+        if val is None or val.dtype not in (BF16, torch.float16):
+            continue
+        if not _is_cast(cast, product, torch.float32):
+            continue
+        with graph.inserting_before(product):
+            into = graph.call_function(torch.ops.sexpgpu.mm_f32.default, product.args)
+        into.meta["val"] = _val(cast)
+        cast.replace_all_uses_with(into)
+        graph.erase_node(cast)
+        _take_place(into, product)
+        moved += 1
+    return moved
+
+
+def _take_place(into: fx.Node, product: fx.Node) -> None:
+    """`product`, read by nothing now, gone; `into` takes its name (Inductor's provenance)."""
+    name = product.name
+    product.graph.erase_node(product)
+    into._rename(name)
 
 
 def _buffer_takes(cast: fx.Node | None, product: fx.Node, buffer: fx.Node) -> bool:

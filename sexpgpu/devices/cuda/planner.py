@@ -123,7 +123,8 @@ class Planner:
         self.first = self.torch.device(device.first)
         self._stacks: dict[int, Graph] = {}
         self._recompute: dict[int, Recomputation] = {}  # per degree, where nothing fits without
-        self._live: dict[int, tuple[Graph, tuple[int, Any]]] = {}  # id(graph) ->
+        # (id(graph), whether its call is the whole step) -> (graph, live set)
+        self._live: dict[tuple[int, bool], tuple[Graph, tuple[int, Any]]] = {}
         self._fused: dict[int, FusedGraph | str] = {}
         self._eval: tuple[int, Any] | None = None
         # Per degree (live set bytes, products' FLOPs, nodes): those the cache held, then
@@ -157,7 +158,7 @@ class Planner:
             if graph is None:
                 live = (self._numbers(degree)[0], None)
                 return plan_at(degree, live, copy_bytes_at(degree)).fits
-            return plan_at(degree, self._live_of(graph)).fits
+            return plan_at(degree, self._live_of(graph, self._whole(degree))).fits
 
         if not any(fits(d) for d in self._degrees()):
             # Recomputation, chosen with the degree: the least that fits at each one,
@@ -216,9 +217,10 @@ class Planner:
         and a different graph is compiled and measured in its place.
         """
         old = self._recompute.get(degree)
+        whole = self._whole(degree)
         found = fit(
             self._stacked(degree),
-            lambda g: plan_at(degree, (self._live_of(g)[0] + missed, None)).fits,
+            lambda g: plan_at(degree, (self._live_of(g, whole)[0] + missed, None)).fits,
             matmul_flops,
         )
         if found is None or not found.fits or (old is not None and found.graph is old.graph):
@@ -252,12 +254,19 @@ class Planner:
         constants = _constant_bytes(compiled.train_graph)
         fed = _fed_param_bytes(compiled.train_graph)
         largest = max((4 * info.size for info in compiled.params.values()), default=0)
+        if self._whole(degree):
+            # The call returns the gradients, made as it goes: its live set counts them.
+            # Sharded, room for the f32 of the parameters kept as copies alone
+            # (`TorchGraphs.idle_f32`), where there are some: about what `masters` saves.
+            gradients = params - masters + largest if masters < params else 0
+        else:
+            gradients = params if device.fuse or self.per_rank > 1 else 0
         return {
             "parameters": masters,  # sharded, less where the step reads bf16 copies alone
             # The fused call's bf16 copies (param_copies.py): measured calls leave them out.
             "parameter copies": copy_bytes,
             "optimizer": 4 * moment_elements,
-            "gradients": params if device.fuse or self.per_rank > 1 else 0,
+            "gradients": gradients,
             "constants": constants,
             "activations": max(0, live - fed - constants),
             "workspace": device.library_workspace() + 3 * largest,
@@ -333,14 +342,24 @@ class Planner:
 
     def _live_set(self, degree: int) -> tuple[int, Any]:
         """(bytes, node at the peak) of the larger of the training and evaluation schedules."""
-        return self._live_of(self._graph(degree))
+        return self._live_of(self._graph(degree), self._whole(degree))
 
-    def _live_of(self, graph: Graph) -> tuple[int, Any]:
-        """`_live_set` of a training graph (a degree's, or a recomputing candidate)."""
-        if id(graph) not in self._live:
-            train = _schedule_peak(graph, self.torch)
-            self._live[id(graph)] = (graph, max(train, self._eval_live(), key=_bytes))
-        return self._live[id(graph)][1]
+    def _live_of(self, graph: Graph, whole: bool) -> tuple[int, Any]:
+        """`_live_set` of a training graph (a degree's, or a recomputing candidate).
+
+        A `whole` step's call returns its gradients: they are counted from
+        when each is made (the gradient buffers of a step of several calls
+        are a part of the plan of their own).
+        """
+        key = (id(graph), whole)
+        if key not in self._live:
+            train = _schedule_peak(graph, self.torch, whole)
+            self._live[key] = (graph, max(train, self._eval_live(), key=_bytes))
+        return self._live[key][1]
+
+    def _whole(self, degree: int) -> bool:
+        """Whether a call at `degree` is a whole step, fused: it returns its gradients."""
+        return self.device.fuse and degree == self.per_rank
 
     def _eval_live(self) -> tuple[int, Any]:
         if self._eval is None:
@@ -357,8 +376,8 @@ class Planner:
                 self._graph(degree),
                 self.first,
                 self.torch,
-                # A step of one call writes its sums (nothing to zero, nothing read back).
-                overwrite=degree == self.per_rank,
+                # A step of one call returns its sums, each made as the backward goes.
+                whole_step=degree == self.per_rank,
                 pool=self.pool,
                 cache=self.device.cache,
                 # Recomputing to fit, the step casts each parameter where it reads it: bf16
@@ -448,14 +467,16 @@ def fused_graph(
     device: Any,
     torch: Any,
     *,
-    overwrite: bool,
+    whole_step: bool,
     pool: CompilePool | None = None,
     cache: StepCache | None = None,
     copies: bool = True,
 ) -> FusedGraph | str:
-    """`graph` compiled for `device` summing into its buffers, or why it cannot be.
+    """`graph` compiled for `device`, or why it cannot be.
 
-    With `copies`, it reads the bf16 copies of its parameters that the update keeps.
+    A call that is a `whole_step` returns its sums; otherwise it adds them
+    into buffers. With `copies`, it reads the bf16 copies of its parameters
+    that the update keeps.
     """
     from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
 
@@ -463,9 +484,8 @@ def fused_graph(
         return FusedGraph(
             graph,
             device,
-            sums=list(graph.outputs),
+            sums=[] if whole_step else list(graph.outputs),
             examples=_zero_feeds(graph, torch, device),
-            overwrite=overwrite,
             pool=pool,
             cache=cache,
             copies=copies,
@@ -481,12 +501,15 @@ def _lowering_lines(graph: Graph, device: Any) -> list[str]:
     return TorchGraph(graph, device).report_lines()
 
 
-def _schedule_peak(graph: Graph, torch: Any) -> tuple[int, Any]:
-    """(bytes, node at the peak) of `graph`'s op-by-op schedule, planned on the CPU."""
+def _schedule_peak(graph: Graph, torch: Any, held: bool = False) -> tuple[int, Any]:
+    """(bytes, node at the peak) of `graph`'s op-by-op schedule, planned on the CPU.
+
+    `held`: with the parameters held for the whole call (`TorchGraph.peak_with_params_held`).
+    """
     from sexpgpu.devices.cuda.executor import TorchGraph
 
     plan = TorchGraph(graph, torch.device("cpu"))  # planning allocates only small constants
-    return plan.planned_peak_bytes, plan.peak_node
+    return plan.peak_with_params_held() if held else (plan.planned_peak_bytes, plan.peak_node)
 
 
 def _bytes(live: tuple[int, Any]) -> int:

@@ -1,8 +1,10 @@
 """`TorchGraphs`: a run's graphs on one torch device (the `StepGraphs` of cuda).
 
 The training graph runs as a `sexpgpu.devices.cuda.fused.FusedGraph` where
-it was compiled (Inductor's kernels summing into buffers kept for the run,
-a CUDA graph on a GPU), `degree` microbatches per call; otherwise, and for
+it was compiled (Inductor's kernels, a CUDA graph on a GPU), `degree`
+microbatches per call: a step of one call returns its gradients, made as
+the backward goes; a step of several sums them into buffers kept for the
+run. Otherwise, and for
 the evaluation and activation graphs, op by op through
 `sexpgpu.devices.cuda.executor.TorchGraph`. Sharded, the parameters it reads
 as bf16 copies alone may be kept as those copies alone (`keep_copies_only`).
@@ -62,6 +64,7 @@ class TorchGraphs(SummingGraphs):
         self._pending: list[Mapping[str, np.ndarray]] = []
         self._pieces: dict[int, TorchGraphs | None] = {}
         self._buffers: Sums | None = None
+        self._room: dict[str, torch.Tensor] = {}  # `idle_f32`'s, where there are no buffers
         self._stand_ins: dict[str, torch.Tensor] = {}  # parameters kept as their copies alone
 
     @functools.cached_property
@@ -88,7 +91,8 @@ class TorchGraphs(SummingGraphs):
     ) -> Sums:
         if self.fused is None:
             return super().accumulate(params, batch, sums)
-        if sums is None:
+        whole = not self.fused.sums  # the call is the step, and returns its sums
+        if sums is None and not whole:
             sums = self._zeroed()
         # Held until `degree` microbatches are here (the degree divides a rank's
         # microbatches); kept only once the call succeeds, so a retry starts over.
@@ -98,6 +102,12 @@ class TorchGraphs(SummingGraphs):
             return sums
         if self.degree > 1:
             batch = {name: np.stack([b[name] for b in pending]) for name in batch}
+        if whole:
+            out = self.fused({**batch, **params}, {}, copies=self.copies)
+            self._pending = []
+            grads = {k: out[GRAD_PREFIX + k] for k in self.params}
+            return Sums(out["loss"], grads, self.degree)
+        assert sums is not None
         buffers = {"loss": sums.loss, **{GRAD_PREFIX + k: g for k, g in sums.grads.items()}}
         self.fused({**batch, **params}, buffers, copies=self.copies, zeros=sums.count == 0)
         self._pending = []
@@ -131,7 +141,17 @@ class TorchGraphs(SummingGraphs):
         return dict(zip(params, self.copies.current(list(params.values())), strict=True))
 
     def idle_f32(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Between steps, f32 room for parameters `names`: their gradient buffers, idle then."""
+        """Between steps, f32 room for parameters `names`: their gradient buffers, idle then.
+
+        A step that returns its gradients has no buffers: the room is made
+        once and kept (the plan counts it as gradients).
+        """
+        if self.fused is not None and not self.fused.sums:
+            for k in names:
+                if k not in self._room:
+                    shape = self.params[k].shape
+                    self._room[k] = torch.empty(shape, dtype=torch.float32, device=self.device)
+            return {k: self._room[k] for k in names}
         if self._buffers is None:
             self._zeroed()
         assert self._buffers is not None
@@ -164,11 +184,7 @@ class TorchGraphs(SummingGraphs):
         return self._pending
 
     def _zeroed(self) -> Sums:
-        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them).
-
-        Zeroed only where the fused call adds into them: an overwriting one
-        counts them as zeros at a step's first call.
-        """
+        """The step's sums at zero, in buffers kept for the whole run (a CUDA graph reads them)."""
         if self._buffers is None:
             zeros = {
                 k: torch.zeros(info.shape, dtype=torch.float32, device=self.device)
@@ -176,8 +192,7 @@ class TorchGraphs(SummingGraphs):
             }
             self._buffers = Sums(torch.zeros((), dtype=torch.float32, device=self.device), zeros, 0)
         buffers = self._buffers
-        if not (self.fused is not None and self.fused.overwrite):  # else the call writes them
-            torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
+        torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
         return Sums(buffers.loss, dict(buffers.grads), 0)
 
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:

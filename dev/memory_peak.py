@@ -11,8 +11,14 @@ Two parts:
    (what the run holds between steps) grouped by the innermost sexpgpu
    frame (else the innermost frame) that allocated them, beside the run's
    high-water mark.
+3. ``call``: FILE's plan against ``--memory`` (recomputing where it must),
+   then one plain call of its compiled training step on zeros with the
+   allocator's history recorded: the blocks live at the call's high-water
+   mark, grouped by the line of Inductor's generated code that allocated
+   them (its text says the buffer's shape and the kernel), beside the plan.
 
     python3 dev/memory_peak.py examples/mlp.lisp [--steps 30] [--top 25]
+    python3 dev/memory_peak.py big.lisp --variant bench --memory 40GiB --parts call
 """
 
 from __future__ import annotations
@@ -104,17 +110,96 @@ def run(path: str, steps: int, top: int) -> None:
         print(f"held  {size / MiB:10.1f} MiB  {count[site]:5d} blocks  {site}")
 
 
+def call(path: str, variant: str | None, memory: str | None, top: int) -> None:
+    import linecache
+
+    from sexpgpu.devices.base import get_device
+    from sexpgpu.devices.cuda.planner import _zero_feeds
+    from sexpgpu.devices.memory_fit import recompute_lines
+    from sexpgpu.devices.optim import moment_count
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment
+    from sexpgpu.runtime.units import parse_bytes
+
+    experiment = load_experiment(path, variant=variant)
+    run_ = experiment.run(None)
+    compiled = compile_run(experiment, run_)
+    budget = parse_bytes(memory) if memory else None
+    plan = get_device("cuda").plan(
+        compiled, moments=moment_count(run_.optimizer), ranks=1, memory=budget
+    )
+    print(plan.memory.line())
+    print(*recompute_lines(plan), sep="\n")
+    fused = plan.fused
+    if fused is None or isinstance(fused, str):
+        print(f"no fused step: {fused}")
+        return
+    fused.capture = False  # plain calls: a capture's pool would hide the blocks
+    feeds = _zero_feeds(fused.graph, torch, fused.device)
+    buffers = fused.zero_buffers()
+    fused(feeds, buffers, zeros=True)  # Inductor's first-call benchmarks, the workspaces
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    out = fused(feeds, buffers, zeros=True)
+    del out
+    torch.cuda.synchronize()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    print(f"call: max_memory_allocated {(torch.cuda.max_memory_allocated() - base) / MiB:.1f} MiB "
+          f"beyond its operands ({base / MiB:.1f} MiB)")
+    live: dict[int, tuple[int, list]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, list]] = {}
+    for event in snapshot["device_traces"][fused.device.index or 0]:
+        if event["action"] == "alloc":
+            live[event["addr"]] = (event["size"], event.get("frames", []))
+            total += event["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif event["action"] == "free_requested" and event["addr"] in live:
+            total -= live.pop(event["addr"])[0]
+    print(f"call: {peak / MiB:.1f} MiB live at its peak, {len(at_peak)} blocks")
+    by_site: Counter = Counter()
+    count: defaultdict = defaultdict(int)
+    text: dict[str, str] = {}
+    for size, frames in at_peak.values():
+        site = _generated(frames)
+        by_site[site] += size
+        count[site] += 1
+        if site not in text and ":" in site:
+            name, line = site.rsplit(":", 1)
+            text[site] = linecache.getline(name, int(line)).strip()[:160]
+    for site, size in by_site.most_common(top):
+        print(f"peak  {size / MiB:9.1f} MiB {count[site]:4d} blocks  {site}")
+        print(f"      {text.get(site, '')}")
+
+
+def _generated(frames) -> str:
+    """The innermost frame in Inductor's generated code (else `_frame`'s)."""
+    for f in frames:
+        name = f["filename"]
+        if "site-packages" not in name and "/sexpgpu/" not in name and name.endswith(".py"):
+            return f"{name}:{f['line']}"
+    return _frame(frames)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--parts", nargs="+", default=["workspaces", "run"])
+    parser.add_argument("--variant")
+    parser.add_argument("--memory", help="the plan's budget for `call` (SEXPGPU_MEMORY's form)")
     args = parser.parse_args()
     if "workspaces" in args.parts:
         workspaces()
     if "run" in args.parts:
         run(args.file, args.steps, args.top)
+    if "call" in args.parts:
+        call(args.file, args.variant, args.memory, args.top)
 
 
 if __name__ == "__main__":

@@ -147,20 +147,30 @@ def call(path: str, variant: str | None, memory: str | None, top: int) -> None:
     torch.cuda.synchronize()
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    print(f"call: max_memory_allocated {(torch.cuda.max_memory_allocated() - base) / MiB:.1f} MiB "
-          f"beyond its operands ({base / MiB:.1f} MiB)")
+    print(
+        f"call: max_memory_allocated {(torch.cuda.max_memory_allocated() - base) / MiB:.1f} MiB "
+        f"beyond its operands ({base / MiB:.1f} MiB)"
+    )
     live: dict[int, tuple[int, list]] = {}
     total = peak = 0
     at_peak: dict[int, tuple[int, list]] = {}
-    for event in snapshot["device_traces"][fused.device.index or 0]:
+    events = snapshot["device_traces"][fused.device.index or 0]
+    timeline = []  # (event index, live bytes, the line that allocated)
+    for i, event in enumerate(events):
         if event["action"] == "alloc":
             live[event["addr"]] = (event["size"], event.get("frames", []))
             total += event["size"]
+            timeline.append((i, total, _generated(event.get("frames", []))))
             if total > peak:
                 peak, at_peak = total, dict(live)
         elif event["action"] == "free_requested" and event["addr"] in live:
             total -= live.pop(event["addr"])[0]
-    print(f"call: {peak / MiB:.1f} MiB live at its peak, {len(at_peak)} blocks")
+    print(
+        f"call: {peak / MiB:.1f} MiB live at its peak, {len(at_peak)} blocks, {len(events)} events"
+    )
+    # The call's shape: live bytes at 40 points of its allocations (forward, then backward).
+    for i, size, site in timeline[:: max(1, len(timeline) // 40)]:
+        print(f"live  {size / MiB:9.1f} MiB at event {i:6d}  {site}")
     by_site: Counter = Counter()
     count: defaultdict = defaultdict(int)
     text: dict[str, str] = {}

@@ -274,13 +274,13 @@ def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler for Inductor")
 def test_a_recomputing_step_holds_no_more_than_its_schedule():
-    # Inductor keeps the schedule's order; its locality pass (off) had this call hold
-    # 31% more than the schedule, dragging freed activations into the backward.
+    # Compiled as the plan compiles a step that recomputes: in the schedule's order.
+    # Inductor's locality pass (off) had this call hold 31% more than its schedule.
     torch = pytest.importorskip("torch")
     from cpu_bytes import counting
 
     from sexpgpu.devices.cuda.executor import TorchGraph
-    from sexpgpu.devices.cuda.fused import FusedGraph
+    from sexpgpu.devices.cuda.planner import fused_graph
     from sexpgpu.ir.compile import compile_run, matmul_flops
     from sexpgpu.ir.recompute import fit
     from sexpgpu.lang import load_experiment_text
@@ -306,7 +306,7 @@ def test_a_recomputing_step_holds_no_more_than_its_schedule():
             feeds[node.name] = torch.from_numpy(rng.integers(0, 10, node.shape).astype(np.int32))
     fed = sum(t.untyped_storage().nbytes() for t in feeds.values())
     with counting() as meter:
-        fused = FusedGraph(graph, cpu, sums=[], examples=feeds, copies=False)
+        fused = fused_graph(graph, cpu, torch, whole_step=True, recomputes=True)
         with meter.measuring():
             fused(feeds, {})
     assert fed + meter.peak <= 1.05 * held(graph)

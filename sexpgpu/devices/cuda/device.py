@@ -236,7 +236,7 @@ class CudaDevice:
             self.torch,
             whole_step=plan.choice.degree == plan.microbatches,
             cache=self.cache,
-            copies=plan.recompute is None,  # as the planner compiled it
+            recomputes=plan.recompute is not None,  # as the planner compiled it
         )
 
     # -- load -----------------------------------------------------------------------------

@@ -153,9 +153,11 @@ class FusedGraph:
         pool: CompilePool | None = None,
         cache: StepCache | None = None,
         copies: bool = True,
+        in_order: bool = False,
     ) -> None:
         self.device = torch.device(device)
         self.copies = copies  # whether the step reads bf16 copies the update keeps
+        self.in_order = in_order  # whether Inductor keeps the schedule's order (`_IN_ORDER`)
         self._pool = pool if pool is not None and pool.size else None
         self.parts = 1  # how many parts Inductor compiled the step in
         self.parts_cached = 0  # of them, how many a worker compiled (loaded from the cache)
@@ -268,7 +270,7 @@ class FusedGraph:
             if source.op in _MADE_ONCE:  # known now: checked once, here
                 check_ids(node, self.eager.constant(source).cpu().numpy(), _id_range(node))
         self._ids = {n: s for n, s in self._ids.items() if s.op is Op.INPUT}
-        options = {**_provenance(), **_IN_ORDER, **inductor_options()}
+        options = {**_provenance(), **(_IN_ORDER if self.in_order else {}), **inductor_options()}
         key = None
         if cache is not None:
             key = step_key(
@@ -621,11 +623,12 @@ def _id_range(node: Node) -> int:
     return node.inputs[0].shape[_ID_OPERANDS[node.op]]
 
 
-# Inductor keeps the step's order, the one the memory plan's schedule counted. Its
-# locality pass moves each value to just before its first use, which keeps that value's
-# inputs alive until then: where the plan recomputes, a forward value only the backward
-# reads dragged the activation it was made from into the backward (a GPT recomputing to
-# 70% of its live set held 55 MiB for a schedule of 42 MiB; docs/devices.md).
+# A step that recomputes keeps its order, the one the memory plan's schedule counted.
+# Inductor's locality pass moves each value to just before its first use, which keeps
+# that value's inputs alive until then: a forward value only the backward reads dragged
+# the activation it was made from into the backward (a GPT recomputing to 70% of its
+# live set held 55 MiB for a schedule of 42 MiB; docs/devices.md). Other steps keep the
+# pass, whose speed is the one measured.
 _IN_ORDER = {"reorder_for_locality": False}
 
 

@@ -380,9 +380,7 @@ class Planner:
                 whole_step=degree == self.per_rank,
                 pool=self.pool,
                 cache=self.device.cache,
-                # Recomputing to fit, the step casts each parameter where it reads it: bf16
-                # copies kept all step would cost 2 bytes a parameter the plan has not got.
-                copies=degree not in self._recompute,
+                recomputes=degree in self._recompute,
             )
         return self._fused[degree]
 
@@ -470,13 +468,15 @@ def fused_graph(
     whole_step: bool,
     pool: CompilePool | None = None,
     cache: StepCache | None = None,
-    copies: bool = True,
+    recomputes: bool = False,
 ) -> FusedGraph | str:
     """`graph` compiled for `device`, or why it cannot be.
 
     A call that is a `whole_step` returns its sums; otherwise it adds them
-    into buffers. With `copies`, it reads the bf16 copies of its parameters
-    that the update keeps.
+    into buffers. A graph that `recomputes` to fit casts each parameter where
+    it reads it (bf16 copies kept all step would cost 2 bytes a parameter the
+    plan has not got) and keeps the schedule's order, whose live set the plan
+    counted; otherwise it reads the bf16 copies the update keeps.
     """
     from sexpgpu.devices.cuda.fused import FusedGraph, NotFusable
 
@@ -488,7 +488,8 @@ def fused_graph(
             examples=_zero_feeds(graph, torch, device),
             pool=pool,
             cache=cache,
-            copies=copies,
+            copies=not recomputes,
+            in_order=recomputes,
         )
     except NotFusable as why:
         return str(why)

@@ -147,16 +147,22 @@ def _cli_run(out, args, env):
     return done.stdout + done.stderr
 
 
-def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
+def _smoke_gpt_planned_without_gpu():
+    """The smoke GPT compiled, where the cuda plan is made from the graphs (no GPU)."""
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("plans without a GPU (a GPU's plan compiles the step)")
-    from sexpgpu.devices.cuda.device import CudaDevice
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
 
     experiment = load_experiment(GPT, variant="smoke")
-    compiled = compile_run(experiment, experiment.run(None))
+    return compile_run(experiment, experiment.run(None))
+
+
+def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
+    from sexpgpu.devices.cuda.device import CudaDevice
+
+    compiled = _smoke_gpt_planned_without_gpu()
     device = CudaDevice()  # no GPU: the plan from the graphs, as `explain --device cuda`
 
     def plan(memory, microbatches=2):
@@ -252,16 +258,12 @@ def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
     # Made as the backward goes, they share the call's memory with the activations
     # (no buffers for the run): every one is live at the call's end, beside the parameters.
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("plans without a GPU (a GPU's plan compiles the step)")
+    compiled = _smoke_gpt_planned_without_gpu()
+    import torch
+
     from sexpgpu.devices.cuda.device import CudaDevice
     from sexpgpu.devices.cuda.executor import TorchGraph
-    from sexpgpu.ir.compile import compile_run
-    from sexpgpu.lang import load_experiment
 
-    experiment = load_experiment(GPT, variant="smoke")
-    compiled = compile_run(experiment, experiment.run(None))
     plan = CudaDevice().plan(compiled, moments=2, ranks=1, memory=2**40, microbatches=1)
     assert plan.choice.degree == 1 and plan.recompute is None
     grads = 4 * compiled.param_count

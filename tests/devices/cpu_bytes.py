@@ -24,13 +24,13 @@ class LiveBytes:
         self.live = 0
         self.peak = 0
         self._seen: set[int] = set()
-
         self._on = False
 
     @contextmanager
     def measuring(self) -> Iterator[None]:
         """Count inside this block only: ``peak`` is then the most made in it, live at once."""
         self.live = self.peak = 0
+        self._seen.clear()  # storages from before are not this block's
         self._on = True
         try:
             with _Ops(self):
@@ -55,8 +55,9 @@ class LiveBytes:
             weakref.finalize(storage, self._free, key, storage.nbytes())
 
     def _free(self, key: int, nbytes: int) -> None:
-        self._seen.discard(key)
-        self.live -= nbytes
+        if key in self._seen:
+            self._seen.discard(key)
+            self.live -= nbytes
 
 
 class _Ops(TorchDispatchMode):

@@ -260,11 +260,50 @@ def split(gm: Any, parts: int) -> Any | None:
     return parent
 
 
+def boxed(compiled: Callable) -> Callable[[list], Any]:
+    """`compiled` (``torch._inductor.compile``'s) called on a list of its inputs, which it empties.
+
+    Called as ``compiled(*inputs)``, the caller's frame holds every input
+    until the call returns. Called boxed, the list is the only holder, and
+    Inductor's code frees each input after its last use inside: a part of
+    the backward then frees the activations it reads as it goes, as the
+    schedule the plan counted does. The boxed function is AOTAutograd's
+    inner one, behind the wrappers ``torch._inductor.compile`` returns; where
+    a version of PyTorch hides it, the call holds its inputs (the test of
+    `PartedCall`'s memory says so).
+    """
+    fn: Any = compiled
+    while fn is not None:
+        code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        if (
+            code is not None
+            and closure
+            and {"compiled_fn", "params_buffers_flat"} <= {*code.co_freevars}
+        ):
+            cells = dict(zip(code.co_freevars, (c.cell_contents for c in closure), strict=True))
+            return functools.partial(
+                _call_boxed, cells["compiled_fn"], list(cells["params_buffers_flat"])
+            )
+        fn = getattr(fn, "__wrapped__", None)
+    return lambda inputs: compiled(*inputs)
+
+
+def _call_boxed(inner: Callable[[list], Any], params: list, inputs: list) -> Any:
+    full = [*params, *inputs]
+    inputs.clear()
+    return inner(full)
+
+
 class PartedCall:
-    """The split step: its compiled parts called in order, each value freed after its last use."""
+    """The split step: its compiled parts called in order, each value freed after its last use.
+
+    A value read last by a part is handed to it alone (`boxed`), so the part
+    frees it at its last use inside, not when the part returns.
+    """
 
     def __init__(self, parent: Any, compiled: dict[str, Callable]) -> None:
         self.compiled = compiled
+        self._boxed = {name: boxed(fn) for name, fn in compiled.items()}
         self._parent = parent  # its constants (get_attr)
         self._nodes = list(parent.graph.nodes)
         last: dict[Any, int] = {}
@@ -284,7 +323,11 @@ class PartedCall:
             elif node.op == "get_attr":
                 env[node] = functools.reduce(getattr, node.target.split("."), self._parent)
             elif node.op == "call_module":
-                env[node] = self.compiled[node.target](*(env[a] for a in node.args))
+                inputs = [env[a] for a in node.args]
+                for dead in self._free[i]:  # read last here: the part's list holds it alone
+                    env.pop(dead, None)
+                env[node] = self._boxed[node.target](inputs)
+                continue
             elif node.op == "call_function" and node.target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
             elif node.op == "output":

@@ -23,7 +23,9 @@ budget of 60% of its no-recompute plan (the plan alone, for the first size).
 caching allocator refuses more than GIB in each process
 (``torch.cuda.set_per_process_memory_fraction``), and sexpgpu also plans
 into it (``SEXPGPU_MEMORY``). Past a card's memory is then reached at sizes
-that compile in a minute, not ten.
+that compile in a minute, not ten. Both sides' allocators grow their
+segments in place (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``,
+sexpgpu's default and torchtitan's) unless the environment sets it.
 
 ``--smoke`` runs tiny sizes on the CPU: sexpgpu's cpu device with a budget
 that makes it recompute, the peer eager (no torch.compile, whose C++ build
@@ -284,6 +286,8 @@ def run_child(side: str, size: str, args: argparse.Namespace) -> dict:
     flags += [f"--card={args.card}"] if args.card else []
     cmd = [sys.executable, __file__, f"--side={side}", f"--size={size}", *flags]
     env = {
+        # Both sides' allocators grow segments in place (sexpgpu's default, torchtitan's).
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }

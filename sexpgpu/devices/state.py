@@ -17,9 +17,9 @@ in `events` for the run's annotations.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -36,7 +36,9 @@ from sexpgpu.devices.optim import Optimizer, global_norm, make_optimizer
 from sexpgpu.devices.shard import Shards, shard_params
 from sexpgpu.devices.stream import HostStream, Stream
 from sexpgpu.ir.compile import CompiledRun, ParamInfo
-from sexpgpu.runtime.oom import SplitState, call_with_split
+from sexpgpu.runtime.oom import SplitState, call_with_split, release_caches
+
+R = TypeVar("R")
 
 __all__ = ["StepGraphs", "SummingGraphs", "Sums", "TrainState", "add_sums", "in_pieces", "summed"]
 
@@ -120,11 +122,18 @@ class StepGraphs(Protocol):
         """Each call's root mean square on `batch`."""
         ...
 
+    def release(self) -> None:
+        """Drop what is kept only for speed (a captured step's memory); later calls remake it."""
+        ...
+
 
 class SummingGraphs:
     """`StepGraphs.accumulate` as `summed` over ``train_step``: for graphs that return gradients."""
 
     copies_only: Sequence[str] = ()  # every parameter read as f32
+
+    def release(self) -> None:
+        pass  # nothing captured
 
     def accumulate(
         self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
@@ -225,6 +234,7 @@ class TrainState:
         self.optimizer: Optimizer | None = None
         self.events: list[str] = []
         self._split = SplitState()
+        self._eval_split = SplitState()  # evaluation's own: a training step keeps its split
         self.plan = plan
         self._sums: Sums | None = None
         self._peak = 0
@@ -413,26 +423,79 @@ class TrainState:
 
     # -- evaluation and diagnostics ----------------------------------------------------------
 
+    # Both run op by op beside what the training step keeps between its calls (a CUDA
+    # graph's memory): where memory runs out, that goes first, then the batch is split.
+
     def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:
-        loss, output = self.graphs.eval_step(self._f32(), batch)
-        if target is None:
-            return EvalResult(float(loss))
-        truth = batch[target]
-        return EvalResult(float(loss), self.xp.argmax_hits(output, truth), int(truth.size))
+        def pieces(graphs: StepGraphs, piece: Mapping[str, np.ndarray]) -> EvalResult:
+            loss, output = graphs.eval_step(self._f32(), piece)
+            if target is None:
+                return EvalResult(float(loss))
+            truth = piece[target]
+            return EvalResult(float(loss), self.xp.argmax_hits(output, truth), int(truth.size))
+
+        results = self._beside_the_step(batch, pieces, "evaluation")
+        # Equal pieces of a loss that is a mean over rows (`CompiledRun.pieces`).
+        loss = results[0].loss if len(results) == 1 else sum(r.loss for r in results) / len(results)
+        return EvalResult(loss, sum(r.correct for r in results), sum(r.count for r in results))
 
     @property
     def has_activations(self) -> bool:
         return bool(self.graphs.has_activations)
 
     def activation_rms(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        return self.graphs.activation_rms(self._f32(), batch)
+        results = self._beside_the_step(
+            batch, lambda graphs, piece: graphs.activation_rms(self._f32(), piece), "diagnostics"
+        )
+        if len(results) == 1:
+            return results[0]
+        # A root mean square over equal pieces: the root of their squares' mean.
+        return {k: math.sqrt(sum(r[k] ** 2 for r in results) / len(results)) for k in results[0]}
+
+    def _beside_the_step(
+        self,
+        batch: Mapping[str, np.ndarray],
+        fn: Callable[[StepGraphs, Mapping[str, np.ndarray]], R],
+        what: str,
+    ) -> list[R]:
+        """``fn(graphs, piece)`` over the batch's pieces (one at first), as memory allows."""
+        rows = self.graphs.compiled.rows
+
+        def split(parts: int) -> list[R]:
+            if parts == 1:
+                return [fn(self.graphs, batch)]
+            graphs = self.graphs.pieces(parts)
+            assert graphs is not None, "split only where the graph allows it"
+            return [fn(graphs, piece) for piece in _row_pieces(batch, rows, parts)]
+
+        def whole_rows(parts: int) -> bool:
+            fields = [a for a in batch.values() if np.ndim(a)]
+            fit = all(len(a) == rows for a in fields)
+            return fit and self.graphs.pieces(parts) is not None
+
+        results = call_with_split(
+            split,
+            self._eval_split,
+            what=what,
+            can_split=whole_rows,
+            plan=self.plan,
+            release=self._release,
+        )
+        self._take_events()
+        return results
+
+    def _release(self) -> None:
+        """Free the memory kept between steps for speed: the step's and update's captures."""
+        self.graphs.release()
+        self.stream.forget()
+        release_caches()
 
     def take_peak(self) -> int:
         peak, self._peak = self._peak, 0
         return peak
 
     def _take_events(self) -> None:
-        for source in (self._split.events, self.stream.events):
+        for source in (self._split.events, self._eval_split.events, self.stream.events):
             if source:
                 self.events += source
                 source.clear()

@@ -166,6 +166,39 @@ def test_a_failing_microbatch_is_split_in_halves_for_the_run(
     np.testing.assert_allclose(_losses(tmp_path / "run"), _losses(tmp_path / "clean"), rtol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["cpu", "torch-cpu"])
+def test_an_evaluation_that_does_not_fit_frees_the_captures_then_splits(
+    tmp_path: Path, monkeypatch, kind: str
+) -> None:
+    # An evaluation runs beside what the step keeps between calls (a CUDA graph's
+    # memory): that is freed first, then the eval batch is split, as a microbatch is.
+    from sexpgpu.devices.cpu_device import CpuGraphs
+    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
+
+    path = _file(tmp_path)
+    _run(path, tmp_path / "clean", kind)
+    graphs = CpuGraphs if kind == "cpu" else TorchGraphs
+    inject = FailureInjector(larger_than=8)  # a whole eval batch (16 rows) never fits
+    released, evaluate = [], graphs.eval_step
+
+    def eval_step(self, params, batch):
+        inject.check(len(batch["x"]))
+        return evaluate(self, params, batch)
+
+    monkeypatch.setattr(graphs, "eval_step", eval_step)
+    monkeypatch.setattr(graphs, "release", lambda self: released.append(self))
+    _run(path, tmp_path / "run", kind)
+    assert inject.failures == 2 and released  # the first call and its retry, after a release
+    assert (
+        "memory: allocation failed in evaluation again; computing each microbatch in 2 "
+        "pieces from now on" in _notes(tmp_path / "run")
+    )
+    for name in ("eval/loss", "eval/accuracy", "train/loss"):
+        np.testing.assert_allclose(
+            _losses(tmp_path / "run", name), _losses(tmp_path / "clean", name), rtol=1e-6
+        )
+
+
 def test_nothing_fits_is_e_mem_002_naming_plan_asked_and_free(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

@@ -193,6 +193,10 @@ class FusedGraph:
         twin._static, twin.calls = [], 0
         return twin
 
+    def release(self) -> None:
+        """Drop the capture and its memory (its outputs included); later calls capture again."""
+        self._replay.forget()
+
     @property
     def capture(self) -> bool:
         """Whether calls are captured and replayed as a CUDA graph (on a GPU, until refused)."""

@@ -33,6 +33,10 @@ call:
   it stored (a race of its threads)      modes (`readback_barrier`)
   =====================================  ======================================
 
+The allocator grows its segments in place (``expandable_segments``)
+unless ``PYTORCH_CUDA_ALLOC_CONF`` is set, so that a plan made to the last
+GiB is not lost to blocks of the wrong size.
+
 Compile workers take the same settings from the parent
 (`sexpgpu.devices.cuda.compile_worker.settings`), so Inductor's cache keys
 agree.
@@ -56,6 +60,7 @@ def open_settings(determinism: bool) -> None:
     """Set the process's numerics switches for the cuda device (see the module docstring)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    _segments_that_grow()
     if determinism:
         # cuBLAS refuses deterministic mode without a fixed workspace; this is the
         # size PyTorch gives it on Hopper anyway (the memory plan counts it).
@@ -65,6 +70,21 @@ def open_settings(determinism: bool) -> None:
         torch.utils.deterministic.fill_uninitialized_memory = False
     else:
         torch.use_deterministic_algorithms(False)
+
+
+def _segments_that_grow() -> None:
+    """The allocator's segments grow in place (``expandable_segments``), unless the user says.
+
+    A plan made to the last GiB otherwise fails on memory freed in blocks
+    the next call cannot reuse: measured on a 40 GiB budget, the first
+    failure left 1.2 GiB reserved but unallocated. torchtitan sets the same.
+    ``PYTORCH_CUDA_ALLOC_CONF``, where set, is left as it is.
+    """
+    if "PYTORCH_CUDA_ALLOC_CONF" in os.environ or not torch.cuda.is_available():
+        return
+    settings = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    if settings is not None:
+        settings("expandable_segments:True")
 
 
 def deterministic() -> bool:

@@ -99,7 +99,8 @@ class Replay:
             if graph is not None:
                 _REFUSED.append(graph)
             self.refused = f"{type(error).__name__}: {error}"
-            log.warning("no CUDA graph of the %s (%s); it runs without one", self.what, error)
+            # The text alone: the error's frames hold what the capture allocated.
+            log.warning("no CUDA graph of the %s (%s); runs without one", self.what, self.refused)
             self._note(f"{self.what}: no CUDA graph ({self.refused}); launched each step")
             return plain()
         self._graph, self._key, self._result = graph, key, result

@@ -195,6 +195,10 @@ class TorchGraphs(SummingGraphs):
         torch._foreach_zero_([buffers.loss, *buffers.grads.values()])
         return Sums(buffers.loss, dict(buffers.grads), 0)
 
+    def release(self) -> None:
+        if self.fused is not None:
+            self.fused.release()
+
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
         out = self._eval({**batch, **params})
         return out["loss"], out.get("output")

@@ -459,18 +459,18 @@ class TrainState:
         what: str,
     ) -> list[R]:
         """``fn(graphs, piece)`` over the batch's pieces (one at first), as memory allows."""
-        rows = self.graphs.compiled.rows
 
         def split(parts: int) -> list[R]:
             if parts == 1:
                 return [fn(self.graphs, batch)]
             graphs = self.graphs.pieces(parts)
             assert graphs is not None, "split only where the graph allows it"
+            rows = self.graphs.compiled.rows
             return [fn(graphs, piece) for piece in _row_pieces(batch, rows, parts)]
 
         def whole_rows(parts: int) -> bool:
-            fields = [a for a in batch.values() if np.ndim(a)]
-            fit = all(len(a) == rows for a in fields)
+            rows = self.graphs.compiled.rows
+            fit = all(len(a) == rows for a in batch.values() if np.ndim(a))
             return fit and self.graphs.pieces(parts) is not None
 
         results = call_with_split(

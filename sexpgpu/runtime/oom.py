@@ -45,6 +45,7 @@ __all__ = [
     "is_allocation_failure",
     "release_caches",
     "run_with_split",
+    "without_frames",
 ]
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,22 @@ def is_allocation_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and (
         "out of memory" in str(exc).lower() or "ALLOC_FAILED" in str(exc)
     )
+
+
+def without_frames(error: BaseException) -> BaseException:
+    """`error` and the errors chained to it, stripped of their tracebacks.
+
+    A traceback keeps the failed call's frames, and with them every array
+    they allocated: stripped, those are freed once the handler ends, before
+    a retry needs the memory.
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
 
 
 def release_caches() -> None:
@@ -191,6 +208,7 @@ def run_with_split(
         except Exception as exc:
             if not is_allocation_failure(exc):
                 raise
+            without_frames(exc)  # what the failed piece's frames held is freed by the release
             release()
             if not released:
                 released = True
@@ -233,6 +251,7 @@ def call_with_retry(
     except Exception as exc:
         if not is_allocation_failure(exc):
             raise
+        without_frames(exc)  # what the failed call's frames held is freed by the release
         release()
         line = f"memory: allocation failed in {what} ({exc}); released the caches and retried"
         _note(state if state is not None else SplitState(), line)
@@ -279,28 +298,29 @@ def call_with_split(
     while True:
         try:
             return fn(state.parts)
-        except Exception as exc:
-            if not is_allocation_failure(exc):
+        except Exception as error:
+            if not is_allocation_failure(error):
                 raise
-            release()
-            pieces = "" if state.parts == 1 else f" in {state.parts} pieces"
-            if not released:
-                released = True
-                _note(
-                    state,
-                    f"memory: allocation failed in {what}{pieces} ({_first_line(exc)}); "
-                    "released the caches and retried",
-                )
-                continue
-            if not can_split(state.parts * 2):
-                raise allocation_error(what, exc, plan, state.parts) from exc
-            state.parts *= 2
-            released = False
+            exc = without_frames(error)
+        release()  # past the handler: what the failed attempt's frames held is free now
+        pieces = "" if state.parts == 1 else f" in {state.parts} pieces"
+        if not released:
+            released = True
             _note(
                 state,
-                f"memory: allocation failed in {what}{pieces} again; computing each "
-                f"microbatch in {state.parts} pieces from now on",
+                f"memory: allocation failed in {what}{pieces} ({_first_line(exc)}); "
+                "released the caches and retried",
             )
+            continue
+        if not can_split(state.parts * 2):
+            raise allocation_error(what, exc, plan, state.parts) from exc
+        state.parts *= 2
+        released = False
+        _note(
+            state,
+            f"memory: allocation failed in {what}{pieces} again; computing each "
+            f"microbatch in {state.parts} pieces from now on",
+        )
 
 
 def allocation_error(what: str, exc: BaseException, plan: Any, parts: int) -> SexpgpuError:

@@ -1,5 +1,7 @@
 """Retry and split under injected allocation failures."""
 
+import weakref
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from sexpgpu.runtime.oom import (
     SplitState,
     add_up,
     call_with_retry,
+    call_with_split,
     concat,
     is_allocation_failure,
     run_with_split,
@@ -188,3 +191,32 @@ def test_call_with_retry():
 def test_real_release_runs_without_a_gpu():
     out = run_with_split(square_rows(FailureInjector(calls=[1])), np.arange(3.0), SplitState())
     assert np.array_equal(out, np.arange(3.0) ** 2)
+
+
+class Block:
+    """Stands for an array a failed call allocated (NumPy's arrays take no weak references)."""
+
+
+@pytest.mark.parametrize("how", ["split", "retry", "rows"])
+def test_what_a_failed_call_allocated_is_free_when_the_caches_are_released(how):
+    # The failure's traceback holds the failed call's frames, and they its arrays:
+    # a release while they are held frees nothing (a GPU's whole activations).
+    held, alive_at_release = [], []
+
+    def fn(*_):
+        block = Block()
+        held.append(weakref.ref(block))
+        if len(held) == 1:
+            raise SimulatedAllocationFailure("simulated allocation failure")
+        return np.zeros(1)
+
+    def release():
+        alive_at_release.append(held[0]() is not None)
+
+    if how == "split":
+        call_with_split(fn, SplitState(), what="step", can_split=lambda _: True, release=release)
+    elif how == "retry":
+        call_with_retry(fn, release=release)
+    else:
+        run_with_split(fn, np.arange(4.0), SplitState(), release=release)
+    assert alive_at_release == [False]

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 # One capture at a time in a process: PyTorch's generator state admits one capture
 # per device, and ranks sharing a GPU capture from threads of their own.
 _CAPTURING = threading.Lock()
-# Graphs whose capture failed: PyTorch aborts the process when one is destroyed
-# (it unregisters a graph that was never registered), so they are kept.
+# Graphs whose capture itself failed: PyTorch aborts the process when one is destroyed
+# (it unregisters a graph that was never registered), so they are kept. A capture whose
+# body failed (out of memory) still ends, and is dropped with its memory.
 _REFUSED: list[Any] = []
 
 
@@ -89,19 +90,27 @@ class Replay:
             self._seen = key
             return plain()
         self._graph = self._result = None  # the old graph's memory goes first
-        graph = None
+        graph, failed = None, None
         try:
             graph = torch.cuda.CUDAGraph()
             # Other ranks' threads keep working on their GPUs while this one captures.
             with _CAPTURING, torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                result = queue()
-        except RuntimeError as error:  # nothing ran: a capture only records
+                try:
+                    result = queue()
+                except RuntimeError as error:  # out of memory, say: the capture still ends
+                    failed = f"{type(error).__name__}: {error}"
+        except RuntimeError as error:  # the capture itself failed (nothing ran: it only records)
             if graph is not None:
                 _REFUSED.append(graph)
-            self.refused = f"{type(error).__name__}: {error}"
-            # The text alone: the error's frames hold what the capture allocated.
-            log.warning("no CUDA graph of the %s (%s); runs without one", self.what, self.refused)
-            self._note(f"{self.what}: no CUDA graph ({self.refused}); launched each step")
+            failed, graph = f"{type(error).__name__}: {error}", None
+        if failed is not None:
+            # An ended capture is dropped, and its memory with it: its body's frames
+            # (what it allocated) went with the error, which only its text outlives.
+            graph = None
+            torch.cuda.empty_cache()
+            self.refused = failed
+            log.warning("no CUDA graph of the %s (%s); runs without one", self.what, failed)
+            self._note(f"{self.what}: no CUDA graph ({failed}); launched each step")
             return plain()
         self._graph, self._key, self._result = graph, key, result
         self.captures += 1

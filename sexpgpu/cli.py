@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from sexpgpu import __version__
 from sexpgpu.errors import SexpgpuError
+from sexpgpu.runtime.oom import is_allocation_failure
 
 __all__ = ["COMMANDS", "main"]
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     debug = os.environ.get(_DEBUG_ENV, "") not in ("", "0")
+    args = None
     try:
         args = build_parser().parse_args(argv)
         levels = [logging.WARNING, logging.INFO, logging.DEBUG]
@@ -87,9 +89,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # an internal error: hide the frames unless debugging
         if debug:
             raise
+        if is_allocation_failure(err):  # where nothing retried it: the machine's, not a bug
+            print(_out_of_memory(args, err).render(), file=sys.stderr)
+            return 1
         print(
             f"internal error: {type(err).__name__}: {err}\n"
             f"  this is a bug in sexpgpu; set {_DEBUG_ENV}=1 to see the traceback",
             file=sys.stderr,
         )
         return 70
+
+
+def _out_of_memory(args: argparse.Namespace | None, err: BaseException) -> SexpgpuError:
+    """E-MEM-002 for memory that ran out outside the paths that retry and split."""
+    command = f"sexpgpu {getattr(args, 'command', None) or ''}".strip()
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return SexpgpuError(
+        "E-MEM-002",
+        f"memory ran out in {command}: {first}",
+        command,
+        hint="free memory held by other processes, or use a smaller model, :batch or "
+        "--device; SEXPGPU_MEMORY (docs/devices.md) plans a run for less",
+    )

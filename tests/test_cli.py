@@ -44,3 +44,17 @@ def test_every_command_has_a_users_help_with_two_examples(command, capsys):
     out = capsys.readouterr().out
     assert "examples:" in out and out.count(f"  sexpgpu {command} ") >= 2, out
     assert "options:" in out and '"""' not in out
+
+
+def test_memory_that_runs_out_where_nothing_retries_is_e_mem_002(monkeypatch, capsys, tmp_path):
+    # The machine's doing, not a bug: never an internal error.
+    from sexpgpu.commands import check
+
+    def runs_out(args):
+        raise MemoryError("the host has no room for the table")
+
+    monkeypatch.setattr(check, "main", runs_out)
+    assert main(["check", str(tmp_path / "any.lisp")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error[E-MEM-002]: memory ran out in sexpgpu check: the host has no")
+    assert "internal error" not in err and "hint:" in err

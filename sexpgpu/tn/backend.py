@@ -134,6 +134,10 @@ class Backend:
         """The batched product ``(n, p, k) @ (n, k, q)``."""
         raise NotImplementedError
 
+    def matmul_shared(self, a: Array, b: Array) -> Array:
+        """One matrix times each of a batch: ``(p, k) @ (n, k, q) -> (n, p, q)``."""
+        raise NotImplementedError
+
     def product_slack(self, work: np.dtype) -> int:
         """Bytes one product of ``work`` arrays may hold beyond its operands and result."""
         return 0
@@ -182,6 +186,10 @@ class Backend:
         (`sexpgpu.tn.thin`).
         """
         return None
+
+    def has_thin_product(self, contracted: int, bond: int, free_phys: int) -> bool:
+        """Whether `thin_product` runs for a thin core of these sizes (see `thin.fits`)."""
+        return False
 
     # ----- memory ------------------------------------------------------------
     def reset_peak(self) -> None:
@@ -235,6 +243,9 @@ class NumpyBackend(Backend):
         return np.dot(a, b)
 
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.matmul(a, b)
+
+    def matmul_shared(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
 
     def adjoint(self, x: np.ndarray) -> np.ndarray:
@@ -471,6 +482,9 @@ class TorchBackend(Backend):
     def matmul(self, a: Any, b: Any) -> Any:
         return self._product(self._torch.bmm, a, b)
 
+    def matmul_shared(self, a: Any, b: Any) -> Any:
+        return self._product(self._torch.bmm, a.expand(b.shape[0], *a.shape), b)
+
     def product_slack(self, work: np.dtype) -> int:
         return WIDE_PRODUCT_BYTES if self._wide and work == np.complex64 else 0
 
@@ -514,12 +528,17 @@ class TorchBackend(Backend):
         scale = self._torch.from_numpy(np.ascontiguousarray(sv)).to(self._dev, dtype=x.dtype)
         return scale[:, None] * x
 
+    def has_thin_product(self, contracted: int, bond: int, free_phys: int) -> bool:
+        from . import thin
+
+        return thin.available(self._dev) and thin.fits(contracted, bond, free_phys)
+
     def thin_product(self, z: Any, g: Any, axes: Sequence[int]) -> Any | None:
         from . import thin
 
         e, r, rows, x, y = z.shape
         m, w = g.shape[0], g.shape[3]
-        if not (thin.available(self._dev) and thin.fits(r * y, m, max(x, w))):
+        if not self.has_thin_product(r * y, m, max(x, w)):
             return None
         sizes = (e, x, w, rows, m)
         result = self._torch.empty([sizes[a] for a in axes], dtype=z.dtype, device=z.device)

@@ -290,6 +290,10 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
     z, lz = proj, environment_labels(k, "e", "r")
     final = ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:])
     *first, last = _right_order(tuple(proj.shape), tuple(tuple(c.shape) for c in cores))
+    if k == 2 and last == 0:
+        top = cores[0].shape  # (l0, r0, x0, x1)
+        if not xp.has_thin_product(top[1] * top[3], top[0], max(top[2], cores[1].shape[3])):
+            return _top_last(xp, proj, cores, final)
     for i in first:
         z, lz = pair(xp, z, lz, cores[i], core_labels(i))
     if k == 2:  # a wide layer and maybe a thin one: the last product in one pass
@@ -298,6 +302,27 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
             return done
     z, lz = pair(xp, z, lz, cores[last], core_labels(last))
     return arrange(xp, z, lz, final)
+
+
+def _top_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -> Array:
+    """`right_block` of two layers, the top one last, with no rearranging copy of ``Z``.
+
+    ::
+
+        W = S . G_1 over r_1, laid out   (e, r_0 x_1, x_2 l_1)     one GEMM
+        Z[e] = G_0 (x_0 l_0, r_0 x_1) @ W[e]                       one product per row of S
+
+    The second product reads ``W`` as it lies and writes ``Z`` as ``(e, x_0,
+    l_0, x_2, l_1)``: the final layout when the lower leg is trivial (a ket
+    last), else one rearranging copy, where the plain chain makes two.
+    """
+    top, bottom = cores
+    w, _ = pair(xp, proj, ("e", "r0", "r1"), bottom, core_labels(1), free_b=("x1", "x2", "l1"))
+    e, r0, x1, x2, l1 = w.shape
+    l0, x0 = top.shape[0], top.shape[2]
+    g = xp.contiguous(xp.permute(top, (2, 0, 1, 3))).reshape(x0 * l0, r0 * x1)
+    z = xp.matmul_shared(g, w.reshape(e, r0 * x1, x2 * l1))  # (e, x0 l0, x2 l1)
+    return arrange(xp, z.reshape(e, x0, l0, x2, l1), ("e", "x0", "l0", "x2", "l1"), final)
 
 
 def _thin_last(

@@ -134,8 +134,8 @@ class Backend:
         """The batched product ``(n, p, k) @ (n, k, q)``."""
         raise NotImplementedError
 
-    def matmul_shared(self, a: Array, b: Array) -> Array:
-        """One matrix times each of a batch: ``(p, k) @ (n, k, q) -> (n, p, q)``."""
+    def matmul_broadcast(self, a: Array, b: Array) -> Array:
+        """``a @ b`` over the last two axes, the leading ones broadcast (as ``np.matmul``)."""
         raise NotImplementedError
 
     def product_slack(self, work: np.dtype) -> int:
@@ -245,7 +245,7 @@ class NumpyBackend(Backend):
     def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
 
-    def matmul_shared(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def matmul_broadcast(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
 
     def adjoint(self, x: np.ndarray) -> np.ndarray:
@@ -482,8 +482,8 @@ class TorchBackend(Backend):
     def matmul(self, a: Any, b: Any) -> Any:
         return self._product(self._torch.bmm, a, b)
 
-    def matmul_shared(self, a: Any, b: Any) -> Any:
-        return self._product(self._torch.bmm, a.expand(b.shape[0], *a.shape), b)
+    def matmul_broadcast(self, a: Any, b: Any) -> Any:
+        return self._product(self._torch.matmul, a, b)
 
     def product_slack(self, work: np.dtype) -> int:
         return WIDE_PRODUCT_BYTES if self._wide and work == np.complex64 else 0
@@ -494,7 +494,7 @@ class TorchBackend(Backend):
         if not (self._wide and a.dtype == torch.complex64 and b.dtype == torch.complex64):
             return gemm(a, b)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        batch = a.shape[0] if a.dim() == 3 else 1
+        batch = prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         doubled = 2 * a.element_size() * batch * (m * k + k * n + m * n)
         if min(m, k, n) < _WIDE_DIM or doubled > WIDE_PRODUCT_BYTES:
             return gemm(a, b)

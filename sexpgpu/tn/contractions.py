@@ -18,7 +18,9 @@ Orders: the left environment meets the wide layers by plain GEMMs, and the
 test tensor is first folded into a thin end layer (an MPO of small bond) when
 there is one, so that the shared sketch index only ever meets small tensors;
 the right-hand chain runs top-down or bottom-up, whichever needs fewer
-multiply-adds.
+multiply-adds. On the host, a site of two layers ends in products batched over
+the rows of ``S`` that write ``Z`` where it belongs (`_top_last`,
+`_bottom_last`), rather than a GEMM between two rearranging copies.
 """
 
 from __future__ import annotations
@@ -290,10 +292,10 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
     z, lz = proj, environment_labels(k, "e", "r")
     final = ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:])
     *first, last = _right_order(tuple(proj.shape), tuple(tuple(c.shape) for c in cores))
-    if k == 2 and last == 0:
-        top = cores[0].shape  # (l0, r0, x0, x1)
-        if not xp.has_thin_product(top[1] * top[3], top[0], max(top[2], cores[1].shape[3])):
-            return _top_last(xp, proj, cores, final)
+    if k == 2 and xp.is_host and not _kernel_takes(xp, cores, last):
+        # Batched products over Z's rows leave Z in place: no rearranging copies,
+        # which on the host cost as much as the thin layer's product itself.
+        return (_top_last if last == 0 else _bottom_last)(xp, proj, cores, final)
     for i in first:
         z, lz = pair(xp, z, lz, cores[i], core_labels(i))
     if k == 2:  # a wide layer and maybe a thin one: the last product in one pass
@@ -302,6 +304,14 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
             return done
     z, lz = pair(xp, z, lz, cores[last], core_labels(last))
     return arrange(xp, z, lz, final)
+
+
+def _kernel_takes(xp: Backend, cores: Sequence[Array], last: int) -> bool:
+    """Whether `Backend.thin_product` takes a two-layer site's last product (see `_thin_last`)."""
+    thin = cores[last].shape  # (l, r, x_inner, x_outer), the kernel's (M, R, Y, W)
+    inner, outer = (3, 2) if last == 0 else (2, 3)
+    other_outer = cores[1 - last].shape[3 if last == 0 else 2]
+    return xp.has_thin_product(thin[1] * thin[inner], thin[0], max(thin[outer], other_outer))
 
 
 def _top_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -> Array:
@@ -321,8 +331,29 @@ def _top_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -
     e, r0, x1, x2, l1 = w.shape
     l0, x0 = top.shape[0], top.shape[2]
     g = xp.contiguous(xp.permute(top, (2, 0, 1, 3))).reshape(x0 * l0, r0 * x1)
-    z = xp.matmul_shared(g, w.reshape(e, r0 * x1, x2 * l1))  # (e, x0 l0, x2 l1)
+    z = xp.matmul_broadcast(g, w.reshape(e, r0 * x1, x2 * l1))  # (e, x0 l0, x2 l1)
     return arrange(xp, z.reshape(e, x0, l0, x2, l1), ("e", "x0", "l0", "x2", "l1"), final)
+
+
+def _bottom_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -> Array:
+    """`right_block` of two layers, the bottom one last, with no rearranging copy of ``Z``.
+
+    ::
+
+        W = S . G_0 over r_0, laid out        (e, r_1 x_1, x_0, l_0)     one GEMM
+        Z[e, x_0, x_2] = W[e, :, x_0]^T (l_0, r_1 x_1) @ G_1[x_2] (r_1 x_1, l_1)
+
+    The products, one per row of S and pair of physical legs, write ``Z`` in
+    its final layout ``(e, x_0, x_2, l_0, l_1)``.
+    """
+    top, bottom = cores
+    w, _ = pair(xp, proj, ("e", "r0", "r1"), top, core_labels(0), free_b=("x1", "x0", "l0"))
+    e, r1, x1, x0, l0 = w.shape
+    l1, x2 = bottom.shape[0], bottom.shape[3]
+    g = xp.contiguous(xp.permute(bottom, (3, 1, 2, 0))).reshape(x2, r1 * x1, l1)
+    w = xp.permute(w.reshape(e, r1 * x1, x0, l0), (0, 2, 3, 1)).reshape(e, x0, 1, l0, r1 * x1)
+    z = xp.matmul_broadcast(w, g)  # (e, x0, x2, l0, l1)
+    return arrange(xp, z, ("e", "x0", "x2", "l0", "l1"), final)
 
 
 def _thin_last(

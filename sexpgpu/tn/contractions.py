@@ -45,11 +45,13 @@ __all__ = [
 Labels = tuple[str, ...]
 
 
+@lru_cache(maxsize=64)
 def core_labels(i: int) -> Labels:
     """Labels of layer ``i``'s padded core ``(l, r, u, d)``."""
     return (f"l{i}", f"r{i}", f"x{i}", f"x{i + 1}")
 
 
+@lru_cache(maxsize=256)
 def environment_labels(k: int, head: str, side: str) -> Labels:
     """Labels ``(head, side0, ..., side{k-1})`` of an environment of ``k`` layers."""
     return (head, *(f"{side}{i}" for i in range(k)))

@@ -9,14 +9,15 @@ method (Gauss's trick) makes three::
 OpenBLAS's ``zgemm3m``/``cgemm3m`` form the sums while packing the blocks,
 so the products run at the real GEMM's rate: a quarter fewer operations.
 On the 2-core EPYC of benches/README.md a 400x100x400 complex128 product
-takes 0.75 of ``zgemm``'s time (1.96 against 2.66 ms), 0.92 at 200x50x200,
-and more below a side of about 40, where the packing dominates (`MIN_SIDE`). The error
-bound is normwise, as ``zgemm``'s, with a constant a few times larger
-(Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §23.2.4);
-measured, both products differ from the exact one by about 1e-15 relative.
+takes 0.75 of ``zgemm``'s time (1.96 against 2.66 ms), 0.8 to 0.9 at
+200x50x200, and more than ``zgemm`` where a side is below about 40 and the
+packing dominates (`MIN_SIDE`). The error bound is normwise, as ``zgemm``'s,
+with a somewhat larger constant (Higham, *Accuracy and Stability of
+Numerical Algorithms*, 2nd ed., ch. 23); measured, both products differ from
+the exact one by about 1e-15 relative in double precision.
 
-NumPy does not expose the routine. The wheels ship OpenBLAS as
-``numpy.libs/libscipy_openblas64_*.so``, which exports it through CBLAS
+NumPy does not expose the routine. Its wheels ship OpenBLAS (Linux:
+``numpy.libs/libscipy_openblas64_*.so``), which exports it through CBLAS
 (``scipy_cblas_zgemm3m64_``, 64-bit integers); `dot` calls it there through
 ctypes (which releases the GIL, as NumPy does). Where NumPy runs on another
 BLAS the library is not found and `dot` is ``np.dot``: the same product, four
@@ -48,8 +49,10 @@ _SYMBOLS = {"D": "scipy_cblas_zgemm3m64_", "F": "scipy_cblas_cgemm3m64_"}
 @cache
 def _routines() -> dict[str, Any]:
     """The 3M GEMMs of NumPy's bundled OpenBLAS by dtype char; empty where there are none."""
-    folder = Path(np.__file__).resolve().parent.parent / "numpy.libs"
-    found = sorted(folder.glob("libscipy_openblas64_*.so"))
+    here = Path(np.__file__).resolve().parent
+    # Linux wheels keep it beside the package, macOS wheels inside it.
+    found = sorted(here.parent.glob("numpy.libs/libscipy_openblas64_*.so"))
+    found += sorted(here.glob(".dylibs/libscipy_openblas64_*.dylib"))
     if not found:
         return {}
     try:

@@ -101,10 +101,24 @@ def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if ta is None or tb is None:
         return np.dot(a, b)
     out = np.empty((m, n), a.dtype)
-    one, zero = np.ones(1, a.dtype), np.zeros(1, a.dtype)
+    one, zero = _scalars(a.dtype.char)
     _routines()[a.dtype.char](
         _ROW_MAJOR, ta[0], tb[0], m, n, k,
-        one.ctypes.data, a.ctypes.data, ta[1], b.ctypes.data, tb[1],
-        zero.ctypes.data, out.ctypes.data, n,
+        one, _address(a), ta[1], _address(b), tb[1], zero, _address(out), n,
     )  # fmt: skip
     return out
+
+
+def _address(x: np.ndarray) -> int:
+    return x.__array_interface__["data"][0]
+
+
+_KEPT: list[np.ndarray] = []  # the scalars below, alive for the process
+
+
+@cache
+def _scalars(char: str) -> tuple[int, int]:
+    """Addresses of ``alpha = 1`` and ``beta = 0`` in ``char``'s dtype."""
+    one, zero = np.ones(1, char), np.zeros(1, char)
+    _KEPT.extend((one, zero))
+    return _address(one), _address(zero)

@@ -127,12 +127,19 @@ class Backend:
         raise NotImplementedError
 
     # ----- arithmetic --------------------------------------------------------
-    def dot(self, a: Array, b: Array) -> Array:
-        """The matrix product of two 2-D arrays (one GEMM)."""
+    def dot(self, a: Array, b: Array, scratch: str | None = None) -> Array:
+        """The matrix product of two 2-D arrays (one GEMM).
+
+        ``scratch`` names a buffer the backend may write the result into and
+        reuse for the next product of that name: for a temporary that is dead
+        by then (on the host, a sweep's large temporaries are then not mapped
+        and faulted in anew at every site; PyTorch's allocator reuses its
+        blocks anyway).
+        """
         raise NotImplementedError
 
-    def matmul(self, a: Array, b: Array) -> Array:
-        """The batched product ``(n, p, k) @ (n, k, q)``."""
+    def matmul(self, a: Array, b: Array, scratch: str | None = None) -> Array:
+        """The batched product ``(n, p, k) @ (n, k, q)``; ``scratch`` as in `dot`."""
         raise NotImplementedError
 
     def matmul_broadcast(self, a: Array, b: Array) -> Array:
@@ -215,6 +222,7 @@ class NumpyBackend(Backend):
 
     def __init__(self, device: Device | None = None) -> None:
         self.device = device or Device("cpu", 0)
+        self._scratch: dict[str, np.ndarray] = {}  # name -> buffer (`dot`)
 
     def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> np.ndarray:
         return x
@@ -240,11 +248,29 @@ class NumpyBackend(Backend):
     def nbytes(self, x: np.ndarray) -> int:
         return int(x.nbytes)
 
-    def dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return gemm3m.dot(a, b)  # np.dot, or for complex operands the 3M method where it pays
+    def dot(self, a: np.ndarray, b: np.ndarray, scratch: str | None = None) -> np.ndarray:
+        # np.dot, or for complex operands the 3M method where it pays
+        if scratch is None:
+            return gemm3m.dot(a, b)
+        return gemm3m.dot(a, b, self._out(scratch, (a.shape[0], b.shape[1]), a, b))
 
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.matmul(a, b)
+    def matmul(self, a: np.ndarray, b: np.ndarray, scratch: str | None = None) -> np.ndarray:
+        if scratch is None:
+            return np.matmul(a, b)
+        shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        return np.matmul(a, b, out=self._out(scratch, shape, a, b))
+
+    def _out(
+        self, name: str | None, shape: tuple[int, ...], a: np.ndarray, b: np.ndarray
+    ) -> np.ndarray | None:
+        """The buffer ``name`` viewed as the product's result, grown as needed; None for no name."""
+        if name is None:
+            return None
+        dtype, size = np.result_type(a, b), prod(shape)
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < size or buf.dtype != dtype:
+            buf = self._scratch[name] = np.empty(size, dtype)
+        return buf[:size].reshape(shape)
 
     def matmul_broadcast(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
@@ -479,10 +505,10 @@ class TorchBackend(Backend):
             return int(x.nbytes)
         return int(x.numel() * x.element_size())
 
-    def dot(self, a: Any, b: Any) -> Any:
+    def dot(self, a: Any, b: Any, scratch: str | None = None) -> Any:
         return self._product(self._torch.mm, a, b)
 
-    def matmul(self, a: Any, b: Any) -> Any:
+    def matmul(self, a: Any, b: Any, scratch: str | None = None) -> Any:
         return self._product(self._torch.bmm, a, b)
 
     def matmul_broadcast(self, a: Any, b: Any) -> Any:

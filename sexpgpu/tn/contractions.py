@@ -108,6 +108,7 @@ def pair(
     lb: Labels,
     batch: Labels = (),
     free_b: Labels | None = None,
+    scratch: str | None = None,
 ) -> tuple[Array, Labels]:
     """Contract every label ``a`` and ``b`` share, except ``batch``, with one product.
 
@@ -128,6 +129,9 @@ def pair(
     free_b : tuple of str, optional
         The order of ``b``'s free labels in the result (default: ``b``'s), so
         that the next product can read the result without a copy.
+    scratch : str, optional
+        A reusable buffer for a result that is dead before the next product
+        of that name (`Backend.dot`).
 
     Returns
     -------
@@ -139,7 +143,7 @@ def pair(
     r = _recipe(la, tuple(a.shape), lb, tuple(b.shape), batch, free_b)
     am = xp.permute(a, r.perm_a).reshape(r.shape_a)
     bm = xp.permute(b, r.perm_b).reshape(r.shape_b)
-    result = xp.matmul(am, bm) if batch else xp.dot(am, bm)
+    result = xp.matmul(am, bm, scratch) if batch else xp.dot(am, bm, scratch)
     return result.reshape(r.shape_out), r.out
 
 
@@ -213,7 +217,7 @@ def _env_step_thin_top(xp: Backend, env: Array, omega: Array, cores: Sequence[Ar
     """
     k = len(cores)
     w, lw = pair(xp, omega, ("s", "x0", f"x{k}"), cores[0], core_labels(0))
-    x, lx = pair(xp, w, lw, env, environment_labels(k, "s", "l"), batch=("s",))
+    x, lx = pair(xp, w, lw, env, environment_labels(k, "s", "l"), batch=("s",), scratch="env")
     for i in range(1, k):
         x, lx = pair(xp, x, lx, cores[i], core_labels(i))
     return arrange(xp, x, lx, environment_labels(k, "s", "r"))
@@ -235,7 +239,8 @@ def _env_step_thin_bottom(xp: Backend, env: Array, omega: Array, cores: Sequence
         free = tuple(a for a in core_labels(i) if a not in lx)
         if i == k - 2:  # r_i last: the fold below then reads x as a transposed view
             free = (*(a for a in free if a != f"r{i}"), f"r{i}")
-        x, lx = pair(xp, x, lx, cores[i], core_labels(i), free_b=free)
+        scratch = "env" if i == 0 else None  # the first is read once, by the next product
+        x, lx = pair(xp, x, lx, cores[i], core_labels(i), free_b=free, scratch=scratch)
     x, lx = pair(xp, x, lx, w, lw, batch=("s",))
     return arrange(xp, x, lx, environment_labels(k, "s", "r"))
 
@@ -329,7 +334,9 @@ def _top_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -
     last), else one rearranging copy, where the plain chain makes two.
     """
     top, bottom = cores
-    w, _ = pair(xp, proj, ("e", "r0", "r1"), bottom, core_labels(1), free_b=("x1", "x2", "l1"))
+    w, _ = pair(
+        xp, proj, ("e", "r0", "r1"), bottom, core_labels(1), free_b=("x1", "x2", "l1"), scratch="w"
+    )
     e, r0, x1, x2, l1 = w.shape
     l0, x0 = top.shape[0], top.shape[2]
     g = xp.contiguous(xp.permute(top, (2, 0, 1, 3))).reshape(x0 * l0, r0 * x1)
@@ -349,7 +356,9 @@ def _bottom_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels
     its final layout ``(e, x_0, x_2, l_0, l_1)``.
     """
     top, bottom = cores
-    w, _ = pair(xp, proj, ("e", "r0", "r1"), top, core_labels(0), free_b=("x1", "x0", "l0"))
+    w, _ = pair(
+        xp, proj, ("e", "r0", "r1"), top, core_labels(0), free_b=("x1", "x0", "l0"), scratch="w"
+    )
     e, r1, x1, x0, l0 = w.shape
     l1, x2 = bottom.shape[0], bottom.shape[3]
     g = xp.contiguous(xp.permute(bottom, (3, 1, 2, 0))).reshape(x2, r1 * x1, l1)

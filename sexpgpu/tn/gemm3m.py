@@ -92,15 +92,20 @@ def _operand(x: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
-def dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` for 2-D arrays: by the 3M GEMM where it is found and pays, else ``np.dot``."""
+def dot(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` for 2-D arrays: by the 3M GEMM where it is found and pays, else ``np.dot``.
+
+    ``out``, if given, is C-contiguous of the result's shape and dtype (as for ``np.dot``).
+    """
     (m, k), n = a.shape, b.shape[1]
     if min(m, k, n) < MIN_SIDE or a.dtype != b.dtype or not _pays(m * k * n, a.dtype):
-        return np.dot(a, b)
+        return np.dot(a, b, out=out)
     ta, tb = _operand(a), _operand(b)
     if ta is None or tb is None:
-        return np.dot(a, b)
-    out = np.empty((m, n), a.dtype)
+        return np.dot(a, b, out=out)
+    if out is None:
+        out = np.empty((m, n), a.dtype)
+    assert out.flags.c_contiguous and out.shape == (m, n) and out.dtype == a.dtype
     one, zero = _scalars(a.dtype.char)
     _routines()[a.dtype.char](
         _ROW_MAJOR, ta[0], tb[0], m, n, k,

@@ -57,10 +57,34 @@ def test_the_3m_product_is_taken_where_it_pays(monkeypatch):
         pytest.skip("NumPy's BLAS here has no 3M GEMM")
     calls = []
     real = np.dot
-    monkeypatch.setattr(np, "dot", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(np, "dot", lambda *args, **kw: calls.append(1) or real(*args, **kw))
     rng = np.random.default_rng(2)
     a, b = _draw(rng, (128, 64), np.complex128), _draw(rng, (64, 128), np.complex128)
     gemm3m.dot(a, b)
     assert not calls
     gemm3m.dot(a[:, :32], b[:32])
     assert calls
+
+
+def test_a_result_written_into_out_is_the_product():
+    rng = np.random.default_rng(3)
+    a, b = _draw(rng, (90, 60), np.complex128), _draw(rng, (60, 70), np.complex128)
+    for x, y in [(a, b), (a[:, :30], b[:30])]:  # the 3M GEMM where it is found, and np.dot
+        out = np.full((x.shape[0], y.shape[1]), np.nan, np.complex128)
+        assert gemm3m.dot(x, y, out) is out
+        np.testing.assert_allclose(out, x @ y, rtol=1e-13, atol=1e-13)
+
+
+def test_the_host_backend_reuses_a_named_scratch_buffer():
+    from sexpgpu.tn.backend import NumpyBackend
+
+    xp, rng = NumpyBackend(), np.random.default_rng(4)
+    a, b = _draw(rng, (80, 50), np.complex128), _draw(rng, (50, 60), np.complex128)
+    first = xp.dot(a, b, scratch="w")
+    np.testing.assert_allclose(first, a @ b, rtol=1e-13, atol=1e-13)
+    second = xp.dot(b.T, a.T, scratch="w")  # smaller: the same memory, viewed anew
+    assert np.shares_memory(first, second)
+    np.testing.assert_allclose(second, b.T @ a.T, rtol=1e-13, atol=1e-13)
+    stacked = xp.matmul(np.stack([a, a]), np.stack([b, b]), scratch="m")
+    np.testing.assert_allclose(stacked[1], a @ b, rtol=1e-13, atol=1e-13)
+    assert not np.shares_memory(xp.dot(a, b), first)  # unnamed: its own array

@@ -84,11 +84,11 @@ def _pays(work: int, dtype: np.dtype) -> bool:
 
 def _operand(x: np.ndarray) -> tuple[int, int] | None:
     """``(transpose flag, leading dimension)`` of a row-major view of ``x``, or None."""
-    item = x.itemsize
-    if x.strides[1] == item and x.strides[0] >= max(1, x.shape[1]) * item:
-        return _NO_TRANS, x.strides[0] // item
-    if x.strides[0] == item and x.strides[1] >= max(1, x.shape[0]) * item:
-        return _TRANS, x.strides[1] // item
+    item, (down, across) = x.itemsize, x.strides  # bytes to the next row, to the next column
+    if across == item and down % item == 0 and down >= max(1, x.shape[1]) * item:
+        return _NO_TRANS, down // item
+    if down == item and across % item == 0 and across >= max(1, x.shape[0]) * item:
+        return _TRANS, across // item
     return None
 
 
@@ -118,12 +118,13 @@ def _address(x: np.ndarray) -> int:
     return x.__array_interface__["data"][0]
 
 
-_KEPT: list[np.ndarray] = []  # the scalars below, alive for the process
+def _scalars(char: str) -> tuple[int, int]:
+    """Addresses of ``alpha = 1`` and ``beta = 0`` in ``char``'s dtype."""
+    one, zero = _constants(char)
+    return _address(one), _address(zero)
 
 
 @cache
-def _scalars(char: str) -> tuple[int, int]:
-    """Addresses of ``alpha = 1`` and ``beta = 0`` in ``char``'s dtype."""
-    one, zero = np.ones(1, char), np.zeros(1, char)
-    _KEPT.extend((one, zero))
-    return _address(one), _address(zero)
+def _constants(char: str) -> tuple[np.ndarray, np.ndarray]:
+    """``alpha = 1`` and ``beta = 0`` in ``char``'s dtype, made once (the cache keeps them)."""
+    return np.ones(1, char), np.zeros(1, char)

@@ -1,6 +1,6 @@
-"""Where sexpgpu.tn's GPU sweep spends its time, beside src-method. Run on a GPU.
+"""Where sexpgpu.tn's sweep spends its time, beside src-method. Run on a GPU (but ``cpu``).
 
-Seven parts, each printed as it is measured:
+Eight parts, each printed as it is measured:
 
 1. ``pieces``: the rates of what one site of the sweep is made of, at the
    sizes of ``--chi`` (a bond-``chi`` MPO times a bond-4 one, sketch ``chi``):
@@ -25,13 +25,19 @@ Seven parts, each printed as it is measured:
 7. ``thin``: `right_block` at a bulk site of ``--chi`` (all ``chi`` rows of
    the projected environment at once), with the thin layer's product in one Triton pass against the GEMM and
    the two permuted copies it replaces, complex64 and complex128.
+8. ``cpu``: on the host, no GPU needed: one case of ``benches/tn_cpu.py``
+   whose name holds ``--cpu-case``, warm, timed call by call: each product,
+   QR and copy of the NumPy backend by its caller and shapes, their share of
+   the sweep, and the rest (Python, reads, sketch draws). Run it with
+   ``OPENBLAS_NUM_THREADS=1`` as the benchmark's ``--threads 1`` does.
 
-    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads thin]
+    python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads thin cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import statistics
@@ -437,6 +443,51 @@ def thin(chi: int) -> None:
         )
 
 
+def cpu(case: str) -> None:
+    import tn_cpu  # quimb's and src-method's inputs, loaded for this part only
+
+    cases = {name: (trains, chi) for name, trains, chi in tn_cpu.make_cases()}
+    name = next(k for k in cases if case in k)
+    trains, chi = cases[name]
+    arrays = [list(t.arrays) for t in trains]
+
+    def run():
+        return tn.src(*arrays, chi_out=chi, seed=0)
+
+    src_method.src(*arrays, chi_out=chi, seed=0)  # the allocator's state in the benchmark
+    run()
+    calls: dict[tuple, list] = collections.defaultdict(lambda: [0, 0.0])
+    real = {m: getattr(backend.NumpyBackend, m) for m in ("dot", "matmul", "matmul_broadcast")}
+    real |= {m: getattr(backend.NumpyBackend, m) for m in ("gemm_qr", "contiguous")}
+
+    def timed(method, fn):
+        def wrapper(self, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_name
+            start = time.perf_counter()
+            out = fn(self, *args, **kwargs)
+            shapes = tuple(tuple(a.shape) for a in args if hasattr(a, "shape"))
+            entry = calls[(method, caller, shapes)]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+            return out
+
+        return wrapper
+
+    for method, fn in real.items():
+        setattr(backend.NumpyBackend, method, timed(method, fn))
+    try:
+        start = time.perf_counter()
+        run()
+        total = time.perf_counter() - start
+    finally:
+        for method, fn in real.items():
+            setattr(backend.NumpyBackend, method, fn)
+    timed_total = sum(t for _n, t in calls.values())
+    print(f"## cpu: {name}: {total * 1e3:.2f} ms, {timed_total / total:.0%} in the calls below")
+    for (method, caller, shapes), (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:20]:
+        print(f"{t * 1e3:8.2f} ms {t / total:5.1%} {n:4d}x {method:16s} <{caller:22s} {shapes}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chi", type=int, default=1000)
@@ -447,12 +498,14 @@ def main() -> None:
     parser.add_argument("--busy-sites", type=int, default=50)
     parser.add_argument("--busy-dtypes", nargs="+", default=["complex128", "complex64"])
     parser.add_argument("--parts", nargs="+", default=["pieces", "profile", "variants", "qr"])
+    parser.add_argument("--cpu-case", default="MPO.MPO rand x (1+eps) n=20 chi=100")
     args = parser.parse_args()
     passes = Passes()
     logger = logging.getLogger("sexpgpu.tn")
     logger.setLevel(logging.DEBUG)
     logger.addHandler(passes)
-    print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    if torch.cuda.is_available():
+        print(f"# {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
     if "pieces" in args.parts:
         pieces(args.chi)
     if "profile" in args.parts:
@@ -467,6 +520,8 @@ def main() -> None:
         uploads()
     if "thin" in args.parts:
         thin(args.chi)
+    if "cpu" in args.parts:
+        cpu(args.cpu_case)
 
 
 if __name__ == "__main__":

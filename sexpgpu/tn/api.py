@@ -96,16 +96,8 @@ def run_stack(call: StackCall) -> Any:
         stack: Stack = normalize_stack(opened.trains, fn, call.names)
         sketch = sketch_dtype(options.dtype, stack.dtype, fn)
         work = work_dtype(sketch, stack.dtype)
-        problem = {
-            "function": fn,
-            "trains": problem_key({"shapes": [stack.shapes(j) for j in range(stack.n_sites)]}),
-            "input dtype": str(stack.dtype),
-            "chi_out": chi,
-            "sketch": size,
-            "cutoff": cut,
-            "dtype": str(work),
-            "out": out is not None,
-        }
+        # What every node must agree on; one node has no one to agree with.
+        problem = _problem(fn, stack, chi, size, cut, work, out) if link.nodes > 1 else {}
         seed = shared_seed(link, fn, seed, problem)
         if stack.n_sites < MIN_SWEEP_SITES:
             # every node computes it; with ``out`` node 0 writes it
@@ -143,6 +135,22 @@ def run_stack(call: StackCall) -> Any:
     if out is not None or result is None:
         return result  # datasets; None on the nodes that do not write
     return opened.result(result, stack.kind)
+
+
+def _problem(
+    fn: str, stack: Stack, chi: int, size: int, cut: float, work: np.dtype, out: object
+) -> dict[str, object]:
+    """The facts of one call that every node must share (`nodes.shared_seed`)."""
+    return {
+        "function": fn,
+        "trains": problem_key({"shapes": [stack.shapes(j) for j in range(stack.n_sites)]}),
+        "input dtype": str(stack.dtype),
+        "chi_out": chi,
+        "sketch": size,
+        "cutoff": cut,
+        "dtype": str(work),
+        "out": out is not None,
+    }
 
 
 def _exact(fn: str, stack: Stack, chi: int, cut: float, work: np.dtype, out: object) -> list[Any]:

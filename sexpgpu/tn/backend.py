@@ -30,6 +30,7 @@ import numpy as np
 from sexpgpu.runtime.devices import Device
 from sexpgpu.runtime.units import MiB
 
+from . import gemm3m
 from .cholqr import cholesky_qr2
 from .linalg import qr as host_qr
 from .linalg import qr_basis as host_qr_basis
@@ -126,12 +127,23 @@ class Backend:
         raise NotImplementedError
 
     # ----- arithmetic --------------------------------------------------------
-    def dot(self, a: Array, b: Array) -> Array:
-        """The matrix product of two 2-D arrays (one GEMM)."""
+    def dot(self, a: Array, b: Array, scratch: str | None = None) -> Array:
+        """The matrix product of two 2-D arrays (one GEMM).
+
+        ``scratch`` names a buffer the backend may write the result into and
+        reuse for the next product of that name: for a temporary that is dead
+        by then (on the host, a sweep's large temporaries are then not mapped
+        and faulted in anew at every site; PyTorch's allocator reuses its
+        blocks anyway).
+        """
         raise NotImplementedError
 
-    def matmul(self, a: Array, b: Array) -> Array:
-        """The batched product ``(n, p, k) @ (n, k, q)``."""
+    def matmul(self, a: Array, b: Array, scratch: str | None = None) -> Array:
+        """The batched product ``(n, p, k) @ (n, k, q)``; ``scratch`` as in `dot`."""
+        raise NotImplementedError
+
+    def matmul_broadcast(self, a: Array, b: Array) -> Array:
+        """``a @ b`` over the last two axes, the leading ones broadcast (as ``np.matmul``)."""
         raise NotImplementedError
 
     def product_slack(self, work: np.dtype) -> int:
@@ -183,6 +195,10 @@ class Backend:
         """
         return None
 
+    def has_thin_product(self, contracted: int, bond: int, free_phys: int) -> bool:
+        """Whether `thin_product` runs for a thin core of these sizes (see `thin.fits`)."""
+        return False
+
     # ----- memory ------------------------------------------------------------
     def reset_peak(self) -> None:
         """Start a new high-water mark of device memory (GPU only)."""
@@ -206,6 +222,7 @@ class NumpyBackend(Backend):
 
     def __init__(self, device: Device | None = None) -> None:
         self.device = device or Device("cpu", 0)
+        self._scratch: dict[str, np.ndarray] = {}  # name -> buffer (`dot`)
 
     def upload(self, x: np.ndarray, *, non_blocking: bool = False) -> np.ndarray:
         return x
@@ -231,10 +248,31 @@ class NumpyBackend(Backend):
     def nbytes(self, x: np.ndarray) -> int:
         return int(x.nbytes)
 
-    def dot(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.dot(a, b)
+    def dot(self, a: np.ndarray, b: np.ndarray, scratch: str | None = None) -> np.ndarray:
+        # np.dot, or for complex operands the 3M method where it pays
+        if scratch is None:
+            return gemm3m.dot(a, b)
+        return gemm3m.dot(a, b, self._out(scratch, (a.shape[0], b.shape[1]), a, b))
 
-    def matmul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def matmul(self, a: np.ndarray, b: np.ndarray, scratch: str | None = None) -> np.ndarray:
+        if scratch is None:
+            return np.matmul(a, b)
+        shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        return np.matmul(a, b, out=self._out(scratch, shape, a, b))
+
+    def _out(
+        self, name: str | None, shape: tuple[int, ...], a: np.ndarray, b: np.ndarray
+    ) -> np.ndarray | None:
+        """The buffer ``name`` viewed as the product's result, grown as needed; None for no name."""
+        if name is None:
+            return None
+        dtype, size = np.result_type(a, b), prod(shape)
+        buf = self._scratch.get(name)
+        if buf is None or buf.size < size or buf.dtype != dtype:
+            buf = self._scratch[name] = np.empty(size, dtype)
+        return buf[:size].reshape(shape)
+
+    def matmul_broadcast(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.matmul(a, b)
 
     def adjoint(self, x: np.ndarray) -> np.ndarray:
@@ -272,6 +310,8 @@ def _unit(values: Any, xp: Any) -> Any:
     result on every device.
     """
     size = abs(values)
+    if xp is np:  # the same quotients in one ufunc call: the sweep asks once a site
+        return np.divide(values, size, out=np.ones_like(values), where=size != 0)
     return xp.where(size == 0, xp.ones_like(values), values / xp.where(size == 0, 1, size))
 
 
@@ -465,11 +505,14 @@ class TorchBackend(Backend):
             return int(x.nbytes)
         return int(x.numel() * x.element_size())
 
-    def dot(self, a: Any, b: Any) -> Any:
+    def dot(self, a: Any, b: Any, scratch: str | None = None) -> Any:
         return self._product(self._torch.mm, a, b)
 
-    def matmul(self, a: Any, b: Any) -> Any:
+    def matmul(self, a: Any, b: Any, scratch: str | None = None) -> Any:
         return self._product(self._torch.bmm, a, b)
+
+    def matmul_broadcast(self, a: Any, b: Any) -> Any:
+        return self._product(self._torch.matmul, a, b)
 
     def product_slack(self, work: np.dtype) -> int:
         return WIDE_PRODUCT_BYTES if self._wide and work == np.complex64 else 0
@@ -480,7 +523,7 @@ class TorchBackend(Backend):
         if not (self._wide and a.dtype == torch.complex64 and b.dtype == torch.complex64):
             return gemm(a, b)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        batch = a.shape[0] if a.dim() == 3 else 1
+        batch = prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         doubled = 2 * a.element_size() * batch * (m * k + k * n + m * n)
         if min(m, k, n) < _WIDE_DIM or doubled > WIDE_PRODUCT_BYTES:
             return gemm(a, b)
@@ -514,12 +557,17 @@ class TorchBackend(Backend):
         scale = self._torch.from_numpy(np.ascontiguousarray(sv)).to(self._dev, dtype=x.dtype)
         return scale[:, None] * x
 
+    def has_thin_product(self, contracted: int, bond: int, free_phys: int) -> bool:
+        from . import thin
+
+        return thin.available(self._dev) and thin.fits(contracted, bond, free_phys)
+
     def thin_product(self, z: Any, g: Any, axes: Sequence[int]) -> Any | None:
         from . import thin
 
         e, r, rows, x, y = z.shape
         m, w = g.shape[0], g.shape[3]
-        if not (thin.available(self._dev) and thin.fits(r * y, m, max(x, w))):
+        if not self.has_thin_product(r * y, m, max(x, w)):
             return None
         sizes = (e, x, w, rows, m)
         result = self._torch.empty([sizes[a] for a in axes], dtype=z.dtype, device=z.device)

@@ -18,7 +18,9 @@ Orders: the left environment meets the wide layers by plain GEMMs, and the
 test tensor is first folded into a thin end layer (an MPO of small bond) when
 there is one, so that the shared sketch index only ever meets small tensors;
 the right-hand chain runs top-down or bottom-up, whichever needs fewer
-multiply-adds.
+multiply-adds. On the host, a site of two layers ends in products batched over
+the rows of ``S`` that write ``Z`` where it belongs (`_top_last`,
+`_bottom_last`), rather than a GEMM between two rearranging copies.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ __all__ = [
 Labels = tuple[str, ...]
 
 
+@lru_cache(maxsize=64)
 def core_labels(i: int) -> Labels:
     """Labels of layer ``i``'s padded core ``(l, r, u, d)``."""
     return (f"l{i}", f"r{i}", f"x{i}", f"x{i + 1}")
 
 
+@lru_cache(maxsize=256)
 def environment_labels(k: int, head: str, side: str) -> Labels:
     """Labels ``(head, side0, ..., side{k-1})`` of an environment of ``k`` layers."""
     return (head, *(f"{side}{i}" for i in range(k)))
@@ -104,6 +108,7 @@ def pair(
     lb: Labels,
     batch: Labels = (),
     free_b: Labels | None = None,
+    scratch: str | None = None,
 ) -> tuple[Array, Labels]:
     """Contract every label ``a`` and ``b`` share, except ``batch``, with one product.
 
@@ -124,6 +129,9 @@ def pair(
     free_b : tuple of str, optional
         The order of ``b``'s free labels in the result (default: ``b``'s), so
         that the next product can read the result without a copy.
+    scratch : str, optional
+        A reusable buffer for a result that is dead before the next product
+        of that name (`Backend.dot`).
 
     Returns
     -------
@@ -135,7 +143,7 @@ def pair(
     r = _recipe(la, tuple(a.shape), lb, tuple(b.shape), batch, free_b)
     am = xp.permute(a, r.perm_a).reshape(r.shape_a)
     bm = xp.permute(b, r.perm_b).reshape(r.shape_b)
-    result = xp.matmul(am, bm) if batch else xp.dot(am, bm)
+    result = xp.matmul(am, bm, scratch) if batch else xp.dot(am, bm, scratch)
     return result.reshape(r.shape_out), r.out
 
 
@@ -209,7 +217,7 @@ def _env_step_thin_top(xp: Backend, env: Array, omega: Array, cores: Sequence[Ar
     """
     k = len(cores)
     w, lw = pair(xp, omega, ("s", "x0", f"x{k}"), cores[0], core_labels(0))
-    x, lx = pair(xp, w, lw, env, environment_labels(k, "s", "l"), batch=("s",))
+    x, lx = pair(xp, w, lw, env, environment_labels(k, "s", "l"), batch=("s",), scratch="env")
     for i in range(1, k):
         x, lx = pair(xp, x, lx, cores[i], core_labels(i))
     return arrange(xp, x, lx, environment_labels(k, "s", "r"))
@@ -231,7 +239,8 @@ def _env_step_thin_bottom(xp: Backend, env: Array, omega: Array, cores: Sequence
         free = tuple(a for a in core_labels(i) if a not in lx)
         if i == k - 2:  # r_i last: the fold below then reads x as a transposed view
             free = (*(a for a in free if a != f"r{i}"), f"r{i}")
-        x, lx = pair(xp, x, lx, cores[i], core_labels(i), free_b=free)
+        scratch = "env" if i == 0 else None  # the first is read once, by the next product
+        x, lx = pair(xp, x, lx, cores[i], core_labels(i), free_b=free, scratch=scratch)
     x, lx = pair(xp, x, lx, w, lw, batch=("s",))
     return arrange(xp, x, lx, environment_labels(k, "s", "r"))
 
@@ -290,6 +299,10 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
     z, lz = proj, environment_labels(k, "e", "r")
     final = ("e", "x0", f"x{k}", *environment_labels(k, "s", "l")[1:])
     *first, last = _right_order(tuple(proj.shape), tuple(tuple(c.shape) for c in cores))
+    if k == 2 and xp.is_host and not _kernel_takes(xp, cores, last):
+        # Batched products over Z's rows leave Z in place: no rearranging copies,
+        # which on the host cost as much as the thin layer's product itself.
+        return (_top_last if last == 0 else _bottom_last)(xp, proj, cores, final)
     for i in first:
         z, lz = pair(xp, z, lz, cores[i], core_labels(i))
     if k == 2:  # a wide layer and maybe a thin one: the last product in one pass
@@ -298,6 +311,60 @@ def right_block(xp: Backend, proj: Array, cores: Sequence[Array]) -> Array:
             return done
     z, lz = pair(xp, z, lz, cores[last], core_labels(last))
     return arrange(xp, z, lz, final)
+
+
+def _kernel_takes(xp: Backend, cores: Sequence[Array], last: int) -> bool:
+    """Whether `Backend.thin_product` takes a two-layer site's last product (see `_thin_last`)."""
+    thin = cores[last].shape  # (l, r, x_inner, x_outer), the kernel's (M, R, Y, W)
+    inner, outer = (3, 2) if last == 0 else (2, 3)
+    other_outer = cores[1 - last].shape[3 if last == 0 else 2]
+    return xp.has_thin_product(thin[1] * thin[inner], thin[0], max(thin[outer], other_outer))
+
+
+def _top_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -> Array:
+    """`right_block` of two layers, the top one last, with no rearranging copy of ``Z``.
+
+    ::
+
+        W = S . G_1 over r_1, laid out   (e, r_0 x_1, x_2 l_1)     one GEMM
+        Z[e] = G_0 (x_0 l_0, r_0 x_1) @ W[e]                       one product per row of S
+
+    The second product reads ``W`` as it lies and writes ``Z`` as ``(e, x_0,
+    l_0, x_2, l_1)``: the final layout when the lower leg is trivial (a ket
+    last), else one rearranging copy, where the plain chain makes two.
+    """
+    top, bottom = cores
+    w, _ = pair(
+        xp, proj, ("e", "r0", "r1"), bottom, core_labels(1), free_b=("x1", "x2", "l1"), scratch="w"
+    )
+    e, r0, x1, x2, l1 = w.shape
+    l0, x0 = top.shape[0], top.shape[2]
+    g = xp.contiguous(xp.permute(top, (2, 0, 1, 3))).reshape(x0 * l0, r0 * x1)
+    z = xp.matmul_broadcast(g, w.reshape(e, r0 * x1, x2 * l1))  # (e, x0 l0, x2 l1)
+    return arrange(xp, z.reshape(e, x0, l0, x2, l1), ("e", "x0", "l0", "x2", "l1"), final)
+
+
+def _bottom_last(xp: Backend, proj: Array, cores: Sequence[Array], final: Labels) -> Array:
+    """`right_block` of two layers, the bottom one last, with no rearranging copy of ``Z``.
+
+    ::
+
+        W = S . G_0 over r_0, laid out        (e, r_1 x_1, x_0, l_0)     one GEMM
+        Z[e, x_0, x_2] = W[e, :, x_0]^T (l_0, r_1 x_1) @ G_1[x_2] (r_1 x_1, l_1)
+
+    The products, one per row of S and pair of physical legs, write ``Z`` in
+    its final layout ``(e, x_0, x_2, l_0, l_1)``.
+    """
+    top, bottom = cores
+    w, _ = pair(
+        xp, proj, ("e", "r0", "r1"), top, core_labels(0), free_b=("x1", "x0", "l0"), scratch="w"
+    )
+    e, r1, x1, x0, l0 = w.shape
+    l1, x2 = bottom.shape[0], bottom.shape[3]
+    g = xp.contiguous(xp.permute(bottom, (3, 1, 2, 0))).reshape(x2, r1 * x1, l1)
+    w = xp.permute(w.reshape(e, r1 * x1, x0, l0), (0, 2, 3, 1)).reshape(e, x0, 1, l0, r1 * x1)
+    z = xp.matmul_broadcast(w, g)  # (e, x0, x2, l0, l1)
+    return arrange(xp, z, ("e", "x0", "x2", "l0", "l1"), final)
 
 
 def _thin_last(

@@ -147,15 +147,16 @@ def execute(
     nodes = 1 if link is None else link.nodes
     plan = make_plan(stack, source.size, work, len(backends) * nodes, budgets, slack)
     _warn_large_inputs(fn, stack, budgets.host)
-    logger.debug(
-        "SRC plan: sites=%d, layers=%d, sketch=%d, dtype=%s, devices=%s, %s",
-        stack.n_sites,
-        len(stack.layers),
-        source.size,
-        work,
-        ",".join(str(xp.device) for xp in backends),
-        plan.line(),
-    )
+    if logger.isEnabledFor(logging.DEBUG):  # the plan's line is not made for nothing
+        logger.debug(
+            "SRC plan: sites=%d, layers=%d, sketch=%d, dtype=%s, devices=%s, %s",
+            stack.n_sites,
+            len(stack.layers),
+            source.size,
+            work,
+            ",".join(str(xp.device) for xp in backends),
+            plan.line(),
+        )
     wire = None if nodes == 1 else NodeWire(link, backends[0].device)  # type: ignore[arg-type]
     writes = out is not None and (wire is None or wire.node == 0)
     final: CoreSink = DatasetSink(out, stack.n_sites, stack.kind) if writes else MemorySink()
@@ -212,6 +213,8 @@ def _run_ranks(
 
 def _log_peaks(plan: Plan, reports: Sequence[RankReport]) -> None:
     """The measured peaks against the plan, at DEBUG."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
     for rank, report in enumerate(reports):
         stored = ", ".join(f"{t} {format_bytes(n)}" for t, n in report.store_peak.items() if n)
         measured = (

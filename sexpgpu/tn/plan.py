@@ -177,10 +177,10 @@ def _rtl_elements(
     cols: int,
     caps: Sequence[int],
     root: bool,
-    hold_z: bool,
     tile_work: int,
     wide: int,
-) -> int:
+) -> tuple[int, int]:
+    """A right-to-left site's elements, and what holding its ``Z`` adds to them."""
     lefts, rights, ud, cores = _site_sizes(stack, j)
     e = 1 if j == stack.n_sites - 1 else min(size, caps[j])
     rows = e * ud
@@ -189,7 +189,7 @@ def _rtl_elements(
     if root:  # the gathered sketch, kept until its QR is checked
         held += rows * size + _qr_elements(rows, size, c, wide)
     # a tile of intermediates makes Z's blocks; held, they stay for the projection
-    return held + tile_work + (rows * lefts if hold_z else 0)
+    return held + tile_work, rows * lefts
 
 
 def _qr_elements(rows: int, size: int, c: int, wide: int) -> int:
@@ -206,23 +206,26 @@ def _qr_elements(rows: int, size: int, c: int, wide: int) -> int:
     return max(factor, 3 * c * rows)
 
 
-def _working_set(
+def _working_sets(
     stack: Stack,
     size: int,
     blocks: Sequence[tuple[int, int]],
     tile_work: int,
-    hold_z: bool,
     wide: int,
-) -> int:
-    """Elements the busiest rank holds at once, environments in store not counted."""
+) -> tuple[int, int]:
+    """Elements the busiest rank holds at once, environments in store not counted.
+
+    Returns ``(lean, full)``: recomputing each site's ``Z`` for the
+    projection, and holding it (`Plan.hold_z`); one pass over the sites.
+    """
     caps = stack.cut_ranks
     cols = max(hi - lo for lo, hi in blocks)
     ltr = max(_ltr_elements(stack, j, cols, tile_work) for j in range(stack.n_sites - 1))
-    rtl = max(
-        _rtl_elements(stack, j, size, cols, caps, True, hold_z, tile_work, wide)
-        for j in range(stack.n_sites)
-    )
-    return max(ltr, rtl)
+    lean, full = ltr, ltr
+    for j in range(stack.n_sites):
+        rtl, z = _rtl_elements(stack, j, size, cols, caps, True, tile_work, wide)
+        lean, full = max(lean, rtl), max(full, rtl + z)
+    return lean, full
 
 
 def _host_working_set(stack: Stack, size: int, item: int) -> int:
@@ -279,7 +282,10 @@ def make_plan(
     """
     item = work.itemsize
     blocks, tile, tile_work, wide = _tiling(stack, size, work, ranks)
-    lean, host_work = minimum_budgets(stack, size, work, ranks, product_slack)
+    lean, full = (
+        n * item + product_slack for n in _working_sets(stack, size, blocks, tile_work, wide)
+    )
+    host_work = _host_working_set(stack, size, item)
     device_budget = budgets.device
     if budgets.shared:
         # One memory: the host's own share comes out of it too.
@@ -296,7 +302,6 @@ def make_plan(
         )
     if not budgets.shared and host_work > budgets.host:
         raise _memory_error("host", host_work, budgets.host, budgets.host_name, "host memory")
-    full = _working_set(stack, size, blocks, tile_work, True, wide) * item + product_slack
     hold_z = full <= device_budget
     work_device = full if hold_z else lean
     tiers, env_bytes = _tiers(stack, blocks, item, device_budget - work_device, budgets, host_work)
@@ -392,8 +397,8 @@ def minimum_budgets(
     """
     item = work.itemsize
     blocks, _tile, tile_work, wide = _tiling(stack, size, work, ranks)
-    lean = _working_set(stack, size, blocks, tile_work, False, wide) * item
-    return lean + product_slack, _host_working_set(stack, size, item)
+    lean, _full = _working_sets(stack, size, blocks, tile_work, wide)
+    return lean * item + product_slack, _host_working_set(stack, size, item)
 
 
 def _tiling(

@@ -119,17 +119,27 @@ def test_checkpoints_cross_devices(tmp_path: Path, first: str, second: str) -> N
     np.testing.assert_allclose(split, whole, rtol=1e-4)
 
 
-def _fail_allocations(monkeypatch, graphs, *, calls=(), rows_over=None) -> FailureInjector:
-    """Simulated allocation failures at the seam every training call goes through."""
+def _fail_allocations(
+    monkeypatch, graphs, *, calls=(), rows_over=None, seam="train_step"
+) -> FailureInjector:
+    """Simulated allocation failures at the seam every training (or eval) call goes through."""
     inject = FailureInjector(calls, larger_than=rows_over)
-    step = graphs.train_step
+    step = getattr(graphs, seam)
 
-    def train_step(self, params, batch):
+    def failing(self, params, batch):
         inject.check(len(batch["x"]))
         return step(self, params, batch)
 
-    monkeypatch.setattr(graphs, "train_step", train_step)
+    monkeypatch.setattr(graphs, seam, failing)
     return inject
+
+
+def _graphs(kind: str):
+    """The class of the graphs a run on `kind` calls (the interpreter's, or the lowering's)."""
+    from sexpgpu.devices.cpu_device import CpuGraphs
+    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
+
+    return CpuGraphs if kind == "cpu" else TorchGraphs
 
 
 def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path, monkeypatch) -> None:
@@ -149,13 +159,9 @@ def test_an_allocation_failure_is_retried_and_annotated(tmp_path: Path, monkeypa
 def test_a_failing_microbatch_is_split_in_halves_for_the_run(
     tmp_path: Path, monkeypatch, kind: str
 ) -> None:
-    from sexpgpu.devices.cpu_device import CpuGraphs
-    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
-
     path = _file(tmp_path)
     _run(path, tmp_path / "clean", kind)
-    graphs = CpuGraphs if kind == "cpu" else TorchGraphs
-    inject = _fail_allocations(monkeypatch, graphs, rows_over=8)  # 16 rows never fit
+    inject = _fail_allocations(monkeypatch, _graphs(kind), rows_over=8)  # 16 rows never fit
     _run(path, tmp_path / "run", kind)
     assert inject.failures == 2  # the first call and its retry: the split is kept after
     notes = _notes(tmp_path / "run")
@@ -172,21 +178,12 @@ def test_an_evaluation_that_does_not_fit_frees_the_captures_then_splits(
 ) -> None:
     # An evaluation runs beside what the step keeps between calls (a CUDA graph's
     # memory): that is freed first, then the eval batch is split, as a microbatch is.
-    from sexpgpu.devices.cpu_device import CpuGraphs
-    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
-
     path = _file(tmp_path)
     _run(path, tmp_path / "clean", kind)
-    graphs = CpuGraphs if kind == "cpu" else TorchGraphs
-    inject = FailureInjector(larger_than=8)  # a whole eval batch (16 rows) never fits
-    released, evaluate = [], graphs.eval_step
-
-    def eval_step(self, params, batch):
-        inject.check(len(batch["x"]))
-        return evaluate(self, params, batch)
-
-    monkeypatch.setattr(graphs, "eval_step", eval_step)
-    monkeypatch.setattr(graphs, "release", lambda self: released.append(self))
+    # A whole eval batch (16 rows) never fits.
+    inject = _fail_allocations(monkeypatch, _graphs(kind), rows_over=8, seam="eval_step")
+    released = []
+    monkeypatch.setattr(_graphs(kind), "release", lambda self: released.append(self))
     _run(path, tmp_path / "run", kind)
     assert inject.failures == 2 and released  # the first call and its retry, after a release
     assert (

@@ -105,6 +105,17 @@ def test_one_launch_writes_the_bf16_copies():
 
 
 @interpreted_only
+def test_past_the_room_only_the_two_newest_tables_are_kept(monkeypatch):
+    # Large models' tables run to hundreds of MiB, and a step without a CUDA graph
+    # makes new gradients, so a new table, every step.
+    monkeypatch.setattr(adamw, "BLOCK", 64)
+    evictions = []
+    tables = adamw.Tables(evicted=lambda: evictions.append(1), room=0)
+    _steps(_launch(tables), torch.device("cpu"), None, 0.0)
+    assert len(tables._made) == 2 and evictions == [1]
+
+
+@interpreted_only
 def test_the_same_arrays_keep_their_table():
     evictions = []
     tables = adamw.Tables(evicted=lambda: evictions.append(1), capacity=1)

@@ -37,16 +37,23 @@ BLOCK = 512  # elements a program: the fastest measured, benches/README.md
 WARPS = 4
 
 
+# Bytes of launch tables kept at once past the two newest: a table costs 56 bytes per
+# BLOCK elements, hundreds of MiB for billions of parameters, and a step without a CUDA
+# graph makes its gradients anew, so a new table, every step.
+ROOM = 64 * 2**20
+
+
 class Tables:
     """The launch tables, by the addresses and sizes they cover, the `capacity` last used.
 
-    A captured update reads its tables at every replay, so `evicted` is
-    called whenever one is dropped: the owner drops its capture too.
+    Past `room` bytes, only the two newest are kept. A captured update reads
+    its tables at every replay, so `evicted` is called whenever one is
+    dropped: the owner drops its capture too.
     """
 
-    def __init__(self, evicted: Callable[[], None], capacity: int = 8) -> None:
+    def __init__(self, evicted: Callable[[], None], capacity: int = 8, room: int = ROOM) -> None:
         self._made: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
-        self._evicted, self._capacity = evicted, capacity
+        self._evicted, self._capacity, self._room = evicted, capacity, room
 
     def __call__(
         self, arrays: Sequence[Sequence[torch.Tensor]], copies: Sequence[torch.Tensor | None]
@@ -66,10 +73,15 @@ class Tables:
         copy_column = np.array(copied, np.int64)[which]
         rows = np.stack([*columns, np.concatenate(starts), sizes, copy_column], axis=1)
         table = self._made[key] = torch.from_numpy(rows).to(params[0].device)
-        if len(self._made) > self._capacity:
+        while len(self._made) > self._capacity or (
+            len(self._made) > 2 and self._bytes() > self._room
+        ):
             self._made.popitem(last=False)
             self._evicted()
         return table
+
+    def _bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._made.values())
 
 
 @update_rule("adamw", "triton")

@@ -157,3 +157,11 @@ def test_the_cuda_device_updates_in_one_launch_as_the_cpu_device(clip):
 def test_the_bf16_copies_are_the_casts_on_a_gpu():
     for p, c in zip(*_copies_written(torch.device("cuda")), strict=True):
         assert torch.equal(c, p.to(torch.bfloat16))  # rounded to nearest even, as the cast
+
+
+def test_the_plan_counts_a_launch_table_as_it_is_made():
+    # The memory plan's workspace counts two tables by `table_bytes`.
+    sizes = [1, 511, 512, 513, 5000]
+    arrays = [[torch.zeros(n) for n in sizes] for _ in range(4)]
+    table = adamw.Tables(evicted=lambda: None)(arrays, [None] * len(sizes))
+    assert table.numel() * table.element_size() == adamw.table_bytes(sizes)

@@ -31,10 +31,15 @@ from sexpgpu.devices.cuda.triton_support import kernel
 from sexpgpu.devices.cuda.update_torch import in_layout
 from sexpgpu.devices.update_rules import UPDATE_RULES, Update, update_rule
 
-__all__ = ["BLOCK", "Numbers", "Tables", "adamw", "launch"]
+__all__ = ["BLOCK", "Numbers", "Tables", "adamw", "launch", "table_bytes"]
 
 BLOCK = 512  # elements a program: the fastest measured, benches/README.md
 WARPS = 4
+
+
+def table_bytes(sizes: Sequence[int]) -> int:
+    """The bytes of the launch tables of one update of parameters of `sizes` elements."""
+    return 7 * 8 * sum(-(-n // BLOCK) for n in sizes)  # 7 int64 columns a block (`Tables`)
 
 
 # Bytes of launch tables kept at once past the two newest: a table costs 56 bytes per

@@ -254,6 +254,9 @@ class Planner:
         constants = _constant_bytes(compiled.train_graph)
         fed = _fed_param_bytes(compiled.train_graph)
         largest = max((4 * info.size for info in compiled.params.values()), default=0)
+        from sexpgpu.devices.cuda.adamw import table_bytes
+
+        tables = table_bytes([info.size for info in compiled.params.values()])
         if self._whole(degree):
             # The call returns the gradients, made as it goes: its live set counts them.
             # Sharded, room for the f32 of the parameters kept as copies alone
@@ -269,7 +272,9 @@ class Planner:
             "gradients": gradients,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            "workspace": device.library_workspace() + 3 * largest,
+            # AdamW's launch tables, two kept (`adamw.Tables`); nothing for the other rules'
+            # worth a separate count (0.1 byte a parameter).
+            "workspace": device.library_workspace() + 3 * largest + 2 * tables,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }

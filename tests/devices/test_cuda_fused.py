@@ -417,3 +417,11 @@ def test_a_stacked_fused_run_with_dropout_draws_the_interpreters_masks(tmp_path,
     values = read_series(tmp_path / "plain", "train/loss")
     assert abs(values[1] - runs["cpu"][0]) > 1e-4  # the masks are on
     assert "stacking 4" in (tmp_path / "fused" / "metrics.jsonl").read_text()
+
+
+def test_a_call_without_an_inner_boxed_function_takes_its_list_as_arguments():
+    # `boxed` finds AOTAutograd's boxed function where PyTorch has it (the memory
+    # test of a split step says when it does not); anything else is called plainly.
+    from sexpgpu.devices.cuda.parallel_compile import boxed
+
+    assert boxed(lambda a, b: a - b)([5, 2]) == 3

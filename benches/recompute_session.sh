@@ -5,7 +5,10 @@
 #  tests: a bf16 smoke GPT that recomputes trains within bf16 tolerance of one that does not;
 #  plan:  GPT-2 small (examples/gpt.lisp) planned into 3 GiB: the recompute line and the plan;
 #  run:   20 steps of it at 3 GiB (peak against plan, tokens/s) and 20 without a budget;
-#  bench: benches/memory_cuda.py (SIZES="16x2048 32x3072" to pick; long: one size per call).
+#  bench: benches/memory_cuda.py (SIZES="16x2048 32x3072" to pick; long: one size per call);
+#  card:  the same on a 40 GiB card (SIZES, default 14x4096; SIDES, default both);
+#  oom:   one sexpgpu size on that card (SIZE, default 14x4096) under dev/oom_where.py: the
+#         live blocks by pool and allocating line at its first out-of-memory.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/sexpgpu-out}
@@ -30,5 +33,13 @@ for part in ${*:-tests plan run}; do
     done ;;
   bench)
     python3 benches/memory_cuda.py ${SIZES:+--sizes $SIZES} 2>&1 | tee "$OUT/memory_cuda.log" ;;
+  card)
+    timeout 580 python3 benches/memory_cuda.py --card 40 --sizes ${SIZES:-14x4096} \
+      --sides ${SIDES:-sexpgpu torch} --logs "$OUT/card" --timeout 270 2>&1 | tee "$OUT/memory_card.log" ;;
+  oom)
+    timeout 580 python3 dev/oom_where.py "$OUT/oom.txt" benches/memory_cuda.py --side=sexpgpu \
+      --size=${SIZE:-14x4096} --seq=2048 --batch=8 --steps=10 --warmup=3 --card=40 \
+      > "$OUT/oom.log" 2>&1
+    grep -E "^(memory|recompute)|CUDA graph|E-MEM" "$OUT/oom.log" | cut -c1-300; head -30 "$OUT/oom.txt" ;;
   esac
 done

@@ -103,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _out_of_memory(args: argparse.Namespace | None, err: BaseException) -> SexpgpuError:
     """E-MEM-002 for memory that ran out outside the paths that retry and split."""
     command = f"sexpgpu {getattr(args, 'command', None) or ''}".strip()
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
     return SexpgpuError(
         "E-MEM-002",
         f"memory ran out in {command}: {first}",

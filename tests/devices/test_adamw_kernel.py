@@ -164,4 +164,4 @@ def test_the_plan_counts_a_launch_table_as_it_is_made():
     sizes = [1, 511, 512, 513, 5000]
     arrays = [[torch.zeros(n) for n in sizes] for _ in range(4)]
     table = adamw.Tables(evicted=lambda: None)(arrays, [None] * len(sizes))
-    assert table.numel() * table.element_size() == adamw.table_bytes(sizes)
+    assert table.nbytes == adamw.table_bytes(sizes)

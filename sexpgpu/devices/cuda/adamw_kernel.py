@@ -8,19 +8,20 @@ __all__ = ["adamw_kernel"]
 
 @triton.jit
 def adamw_kernel(
-    table_ptr, lr_ptr, step_ptr, scale_ptr, beta1, beta2, eps, wd,
+    rows_ptr, blocks_ptr, lr_ptr, step_ptr, scale_ptr, beta1, beta2, eps, wd,
     HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # One program: BLOCK elements of one parameter. Its table row holds the
-    # addresses of the parameter, its gradient and moments (f32, one layout),
-    # the block's first element, the parameter's size and the address of its
-    # bf16 copy (0: none).
-    row = table_ptr + tl.program_id(0).to(tl.int64) * 7
+    # One program: BLOCK elements of one parameter. `blocks` names the parameter
+    # (4 bytes a program); its row of `rows` holds the addresses of the parameter,
+    # its gradient and moments (f32, one layout), its first program, its size and
+    # the address of its bf16 copy (0: none).
+    pid = tl.program_id(0).to(tl.int64)
+    row = rows_ptr + tl.load(blocks_ptr + pid).to(tl.int64) * 7
     p_ptr = tl.load(row).to(tl.pointer_type(tl.float32))
     g_ptr = tl.load(row + 1).to(tl.pointer_type(tl.float32))
     m_ptr = tl.load(row + 2).to(tl.pointer_type(tl.float32))
     v_ptr = tl.load(row + 3).to(tl.pointer_type(tl.float32))
-    at = tl.load(row + 4) + tl.arange(0, BLOCK)
+    at = (pid - tl.load(row + 4)) * BLOCK + tl.arange(0, BLOCK)
     mask = at < tl.load(row + 5)
     lr = tl.load(lr_ptr)
     t = tl.load(step_ptr)

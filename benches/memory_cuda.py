@@ -125,15 +125,13 @@ def limit_card(gib: float) -> None:
 def plain_plan(path: Path, device: str):
     """The run's memory plan without recomputation (a `MemoryPlan`, against no budget)."""
     from sexpgpu.devices.base import get_device
-    from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
 
     experiment = load_experiment(path, variant="bench")
     run = experiment.run(None)
     compiled = compile_run(experiment, run)
-    moments = moment_count(run.optimizer)
-    plan = get_device(device).plan(compiled, moments=moments, ranks=1, memory=2**62)
+    plan = get_device(device).plan(compiled, optimizer=run.optimizer.name, ranks=1, memory=2**62)
     return plan.memory
 
 
@@ -141,7 +139,6 @@ def flops_at_60(size: str, args: argparse.Namespace) -> dict:
     """The FLOPs the plan adds at a budget of 60% of the no-recompute plan (nothing run)."""
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import recompute_lines
-    from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
 
@@ -153,8 +150,8 @@ def flops_at_60(size: str, args: argparse.Namespace) -> dict:
         experiment = load_experiment(path, variant="bench")
         run = experiment.run(None)
         compiled = compile_run(experiment, run)
-    moments = moment_count(run.optimizer)
-    plan = get_device(device).plan(compiled, moments=moments, ranks=1, memory=int(0.6 * total))
+    budget = int(0.6 * total)
+    plan = get_device(device).plan(compiled, optimizer=run.optimizer.name, ranks=1, memory=budget)
     done = plan.recompute
     return {
         "plain_bytes": total,

@@ -207,7 +207,7 @@ if args.side == "sexpgpu":
     ex = load_experiment_text(text, "gpt.lisp")
     compiled = compile_run(ex, ex.run())
     device = CudaDevice("cuda")
-    memory_plan = device.plan(compiled, moments=2, ranks=1, memory=None, microbatches=micro)
+    memory_plan = device.plan(compiled, optimizer="adamw", ranks=1, memory=None, microbatches=micro)
     prog = device.load(memory_plan, Device("cuda", 0))
     prog.start(ex.run().optimizer, seed=1, state=None)
     parts = [t[i * args.batch : (i + 1) * args.batch] for i in range(micro)]

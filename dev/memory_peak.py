@@ -116,7 +116,6 @@ def call(path: str, variant: str | None, memory: str | None, top: int) -> None:
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.cuda.planner import _zero_feeds
     from sexpgpu.devices.memory_fit import recompute_lines
-    from sexpgpu.devices.optim import moment_count
     from sexpgpu.ir.compile import compile_run
     from sexpgpu.lang import load_experiment
     from sexpgpu.runtime.units import parse_bytes
@@ -126,7 +125,7 @@ def call(path: str, variant: str | None, memory: str | None, top: int) -> None:
     compiled = compile_run(experiment, run_)
     budget = parse_bytes(memory) if memory else None
     plan = get_device("cuda").plan(
-        compiled, moments=moment_count(run_.optimizer), ranks=1, memory=budget
+        compiled, optimizer=run_.optimizer.name, ranks=1, memory=budget
     )
     print(plan.memory.line())
     print(*recompute_lines(plan), sep="\n")

@@ -28,7 +28,6 @@ from sexpgpu.commands.options import add_experiment_options
 from sexpgpu.devices.base import get_device
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.devices.memory_fit import recompute_lines
-from sexpgpu.devices.optim import moment_count
 from sexpgpu.devices.shard import choose, shard_line
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import CompiledRun, compile_run
@@ -94,7 +93,7 @@ def _recompute_lines(compiled: CompiledRun, run: RunDef, environ: Mapping[str, s
         compiled,
         config.shard_optimizer,
         world,
-        moments=moment_count(run.optimizer),
+        optimizer=run.optimizer.name,
         ranks=ranks,
         memory=config.memory,
     )
@@ -176,7 +175,7 @@ def lowering_report(
         compiled,
         config.shard_optimizer,
         config.world_size,
-        moments=moment_count(run.optimizer),
+        optimizer=run.optimizer.name,
         ranks=config.local_size,
         memory=config.memory,
         microbatches=microbatches_per_rank(run.microbatches, config.world_size),

@@ -184,7 +184,7 @@ class Device(Protocol):
         self,
         compiled: CompiledRun,
         *,
-        moments: int,
+        optimizer: str,
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
@@ -196,8 +196,9 @@ class Device(Protocol):
         ----------
         compiled
             The run.
-        moments
-            Arrays the optimizer keeps per parameter (2 for adamw).
+        optimizer
+            The optimizer's name as users write it (``adamw``): its moments and
+            update temporaries are counted.
         ranks
             Ranks on this node (simulated cpu ranks share the host's memory).
         memory

@@ -15,6 +15,7 @@ import numpy as np
 
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.devices.memory_fit import recompute_lines
+from sexpgpu.devices.optim import moment_count
 from sexpgpu.devices.shard import largest_shard
 from sexpgpu.devices.state import SummingGraphs, TrainState
 from sexpgpu.ir.compile import GRAD_PREFIX, CompiledRun, matmul_flops
@@ -100,7 +101,7 @@ class CpuDevice:
         self,
         compiled: CompiledRun,
         *,
-        moments: int,
+        optimizer: str,
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
@@ -120,11 +121,11 @@ class CpuDevice:
         if memory is None and ranks > 1:
             budget = MemoryBudget(budget.device, budget.nbytes // ranks, f"host memory / {ranks}")
         params = 4 * compiled.param_count
-        optimizer = moments * 4 * largest_shard(compiled, shards)
+        moments = moment_count(optimizer) * 4 * largest_shard(compiled, shards)
 
         def memory_of(graph: Graph) -> MemoryPlan:
             live = CpuProgram(graph).planned_peak_bytes
-            parts = {"parameters": params, "optimizer": optimizer, "activations": live}
+            parts = {"parameters": params, "optimizer": moments, "activations": live}
             return MemoryPlan(budget, parts)
 
         # Where the run does not fit, the least recomputation that does (docs/ir.md).

@@ -258,6 +258,6 @@ def global_norm(grads: Mapping[str, Any], xp: ArrayOps = NUMPY) -> float:
     return float(xp.norm(list(grads.values())))
 
 
-def moment_count(spec: Any) -> int:
-    """The most arrays a parameter keeps under the optimizer `spec` (2 for adamw)."""
-    return OPTIMIZERS[spec.name].arrays_per_param()
+def moment_count(name: str) -> int:
+    """The most arrays a parameter keeps under the optimizer `name` (2 for adamw)."""
+    return OPTIMIZERS[name].arrays_per_param()

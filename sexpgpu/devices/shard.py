@@ -106,7 +106,7 @@ def choose(
     world
         Ranks over all nodes.
     plan
-        `Device.plan`'s other keywords (``moments``, ``ranks``, ``memory``, ``microbatches``).
+        `Device.plan`'s other keywords (``optimizer``, ``ranks``, ``memory``, ``microbatches``).
 
     Returns
     -------

@@ -15,6 +15,11 @@ the step count, the gradients' factor) from `Update.numbers` and
 `Update.scale`, which the stream gave (`sexpgpu.devices.stream`): host
 numbers on the cpu device, device scalars on a GPU, refilled in place each
 step. So every rule can be captured once and replayed.
+
+A rule may also register its scratch: the bytes it holds beyond the
+parameters, gradients and moments while it runs (or keeps between steps,
+such as launch tables), as a function of the parameters' shapes. The
+memory plan counts the largest scratch among the backends that may run.
 """
 
 from __future__ import annotations
@@ -26,7 +31,16 @@ from typing import Any
 from sexpgpu.devices.arrays import ArrayOps
 from sexpgpu.devices.stream import Stream
 
-__all__ = ["UPDATE_RULES", "Update", "UpdateRule", "rule_for", "update_rule"]
+__all__ = [
+    "UPDATE_RULES",
+    "UPDATE_SCRATCH",
+    "Scratch",
+    "Update",
+    "UpdateRule",
+    "rule_for",
+    "scratch_bytes",
+    "update_rule",
+]
 
 
 @dataclass(frozen=True)
@@ -90,20 +104,36 @@ class Update:
 
 
 UpdateRule = Callable[[Update], None]
+Scratch = Callable[[Sequence[tuple[int, ...]]], int]  # parameters' shapes -> bytes
 
-# (optimizer name as users type it, backend) -> the rule
+# (optimizer name as users type it, backend) -> the rule, and its scratch where it has some
 UPDATE_RULES: dict[tuple[str, str], UpdateRule] = {}
+UPDATE_SCRATCH: dict[tuple[str, str], Scratch] = {}
 
 
-def update_rule(optimizer: str, backend: str) -> Callable[[UpdateRule], UpdateRule]:
-    """Register a function as `optimizer`'s update rule on `backend`."""
+def update_rule(
+    optimizer: str, backend: str, scratch: Scratch | None = None
+) -> Callable[[UpdateRule], UpdateRule]:
+    """Register a function as `optimizer`'s update rule on `backend`, with its `scratch`."""
 
     def register(rule: UpdateRule) -> UpdateRule:
         assert (optimizer, backend) not in UPDATE_RULES, (optimizer, backend)
         UPDATE_RULES[optimizer, backend] = rule
+        if scratch is not None:
+            UPDATE_SCRATCH[optimizer, backend] = scratch
         return rule
 
     return register
+
+
+def scratch_bytes(
+    optimizer: str, backends: Sequence[str], shapes: Sequence[tuple[int, ...]]
+) -> int:
+    """The most scratch `optimizer`'s rules on `backends` hold for parameters of `shapes`."""
+    counts = [
+        UPDATE_SCRATCH[optimizer, b](shapes) for b in backends if (optimizer, b) in UPDATE_SCRATCH
+    ]
+    return max(counts, default=0)
 
 
 def rule_for(optimizer: str, backends: Sequence[str]) -> UpdateRule:

@@ -67,7 +67,6 @@ def evaluate_trained(
         As `sexpgpu.train.runner.prepare_run`; the first local device is used.
     """
     from sexpgpu.devices.base import get_device
-    from sexpgpu.devices.optim import moment_count
     from sexpgpu.runtime.config import RuntimeConfig
 
     s, compiled = trained.settings, trained.compiled
@@ -84,7 +83,7 @@ def evaluate_trained(
     backend = get_device(config.device)
     loader = make_loader(dataset, batch=s.batch, microbatches=s.microbatches, seed=s.seed)
     _check_fields(loader.fields, compiled.inputs, dataset)
-    plan = backend.plan(compiled, moments=moment_count(s.optimizer), ranks=1, memory=config.memory)
+    plan = backend.plan(compiled, optimizer=s.optimizer.name, ranks=1, memory=config.memory)
     plan.memory.check(hint="shrink the model's sizes")
     program = backend.load(plan, config.local_devices[0])
     ckpt = trained.checkpoint

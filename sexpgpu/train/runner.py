@@ -93,7 +93,6 @@ def prepare_run(
     started = time.perf_counter() if started is None else started
     from sexpgpu.devices.base import get_device
     from sexpgpu.devices.memory_fit import check_plan
-    from sexpgpu.devices.optim import moment_count
     from sexpgpu.devices.shard import choose as choose_shards
     from sexpgpu.devices.shard import shard_line
     from sexpgpu.ir.compile import compile_run
@@ -127,7 +126,7 @@ def prepare_run(
         compiled,
         config.shard_optimizer,
         config.world_size,
-        moments=moment_count(settings.optimizer),
+        optimizer=settings.optimizer.name,
         ranks=len(devices),
         memory=config.memory,
         microbatches=microbatches_per_rank(settings.microbatches, config.world_size),

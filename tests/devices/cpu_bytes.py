@@ -67,7 +67,18 @@ class _Ops(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.meter.count(out)
+        # An output in an operand's storage (in place, a view) is nothing new.
+        operands = {
+            t.untyped_storage().data_ptr()
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if type(t) is torch.Tensor
+        }
+        fresh = [
+            t
+            for t in torch.utils._pytree.tree_leaves(out)
+            if type(t) is torch.Tensor and t.untyped_storage().data_ptr() not in operands
+        ]
+        self.meter.count(fresh)
         return out
 
 

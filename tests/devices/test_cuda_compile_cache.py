@@ -184,7 +184,9 @@ def _plan_and_stacked(
 
     monkeypatch.setattr(stack, "stack_microbatches", counted)
     device = CudaDevice(deterministic=deterministic)
-    plan = device.plan(compiled, moments=2, ranks=1, memory=memory, microbatches=microbatches)
+    plan = device.plan(
+        compiled, optimizer="adamw", ranks=1, memory=memory, microbatches=microbatches
+    )
     monkeypatch.setattr(stack, "stack_microbatches", real)
     return plan, stacked
 

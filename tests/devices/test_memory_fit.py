@@ -166,7 +166,9 @@ def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
     device = CudaDevice()  # no GPU: the plan from the graphs, as `explain --device cuda`
 
     def plan(memory, microbatches=2):
-        return device.plan(compiled, moments=2, ranks=1, memory=memory, microbatches=microbatches)
+        return device.plan(
+            compiled, optimizer="adamw", ranks=1, memory=memory, microbatches=microbatches
+        )
 
     roomy = plan(2**40)
     assert roomy.recompute is None and roomy.stacked is not compiled.train_graph
@@ -193,7 +195,7 @@ def test_the_cuda_lowering_that_recomputes_trains_the_same_bits(tmp_path):
     device = CudaDevice("cpu")
     experiment = load_experiment(GPT, variant="smoke")
     compiled = compile_run(experiment, experiment.run(None))
-    plan = device.plan(compiled, moments=2, ranks=1, memory=2**40).memory
+    plan = device.plan(compiled, optimizer="adamw", ranks=1, memory=2**40).memory
     budget = int(plan.total - 0.3 * plan.parts["activations"])
     with device_named("cpu", device):
         plain_dir, plain = _run(tmp_path, "plain")
@@ -235,7 +237,7 @@ def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
     experiment = load_experiment_text(text, str(GPT), variant="one", base_dir=GPT.parent)
     compiled = compile_run(experiment, experiment.run(None))
     device = _MeasuredDevice()
-    plain = planner.Planner(device, compiled, 1, CompilePool(0)).plan(2, 1, memory=2**40)
+    plain = planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, memory=2**40)
     missed = plain.memory.parts["activations"] // 4
     budget = plain.memory.total + missed // 2  # the schedule fits; the measured step does not
     measured = []
@@ -249,7 +251,7 @@ def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
     monkeypatch.setattr(
         planner.Planner, "_fused_graph", lambda self, d: SimpleNamespace(copies_only=[])
     )
-    plan = planner.Planner(device, compiled, 1, CompilePool(0)).plan(2, 1, memory=budget)
+    plan = planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, memory=budget)
     assert measured[0] is None  # first the step as compiled, then one that recomputes
     assert measured[-1] is not None and plan.recompute is measured[-1]
     assert plan.memory.fits and plan.memory.total <= budget
@@ -264,7 +266,7 @@ def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
     from sexpgpu.devices.cuda.device import CudaDevice
     from sexpgpu.devices.cuda.executor import TorchGraph
 
-    plan = CudaDevice().plan(compiled, moments=2, ranks=1, memory=2**40, microbatches=1)
+    plan = CudaDevice().plan(compiled, optimizer="adamw", ranks=1, memory=2**40, microbatches=1)
     assert plan.choice.degree == 1 and plan.recompute is None
     grads = 4 * compiled.param_count
     assert plan.memory.parts["gradients"] == 0

@@ -78,7 +78,7 @@ def _program(fuse: bool):
     experiment = load_experiment_text(MLP, "mlp.lisp")
     compiled = compile_run(experiment, experiment.run())
     device = CudaDevice("cpu", fuse=fuse)
-    plan = device.plan(compiled, moments=2, ranks=1, memory=None)
+    plan = device.plan(compiled, optimizer="adamw", ranks=1, memory=None)
     program = device.load(plan, Device("cpu", 0))
     program.start(experiment.run().optimizer, seed=1, state=None)
     return compiled, program

@@ -92,7 +92,7 @@ def test_the_plan_shards_where_the_whole_state_does_not_fit(
     setting, fits, recomputes, world, asked, shards
 ):
     device = _Plans(fits, recomputes)
-    _, chosen = choose(device, None, setting, world, moments=2, ranks=world, memory=None)
+    _, chosen = choose(device, None, setting, world, optimizer="adamw", ranks=world, memory=None)
     assert (device.asked, chosen) == (asked, shards)
     assert shard_line(1, None) == []
     assert shard_line(4, True) == [
@@ -114,7 +114,9 @@ def test_the_plan_counts_the_largest_shard_of_the_moments(kind):
     experiment = load_experiment_text(mlp_text(hidden=256))
     compiled = compile_run(experiment, experiment.run(None))
     device = _device(kind)
-    plans = [device.plan(compiled, moments=2, ranks=2, memory=2**30, shards=n) for n in (1, 2)]
+    plans = [
+        device.plan(compiled, optimizer="adamw", ranks=2, memory=2**30, shards=n) for n in (1, 2)
+    ]
     sizes = {k: info.size for k, info in compiled.params.items()}
     assert plans[0].memory.parts["optimizer"] == 2 * 4 * sum(sizes.values())
     assert plans[1].memory.parts["optimizer"] == 2 * 4 * 64 * 256  # the first weight alone

@@ -220,3 +220,43 @@ def test_adamw_takes_a_gradient_in_another_layout_than_its_parameter(device):
         _step(opt, p, {"w": g}, 1e-2)
         results.append(p["w"].cpu())
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        optimizer_spec("sgd", lr=1e-2, momentum=0.9, nesterov=True),
+        optimizer_spec("adamw", lr=1e-2, weight_decay=0.1),
+        optimizer_spec("muon", lr=1e-2, nesterov=True),
+    ],
+    ids=lambda s: s.name,
+)
+def test_an_update_holds_no_more_than_its_rule_counts(spec):
+    # The memory plan counts an update's temporaries from its rule's entry in
+    # UPDATE_SCRATCH; here the rule's storages are metered on PyTorch's CPU device.
+    # One gradient arrives transposed (as a tied embedding's does op by op).
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "devices"))
+    from cpu_bytes import counting
+
+    from sexpgpu.devices.cuda.arrays import TorchOps
+    from sexpgpu.devices.cuda.stream import TorchStream
+    from sexpgpu.devices.update_rules import scratch_bytes
+
+    shapes = {"a": (64, 96), "b": (64, 96), "c": (96, 32), "e": (128, 64), "v": (96,)}
+    hidden = {k: len(s) == 2 and k != "e" for k, s in shapes.items()}
+    cpu = torch.device("cpu")
+    xp, stream = TorchOps(cpu), TorchStream(cpu)
+    opt = make_optimizer(spec, shapes, dict(hidden), xp, stream, hidden)
+    rng = np.random.default_rng(0)
+    params = {k: torch.from_numpy(rng.standard_normal(s, np.float32)) for k, s in shapes.items()}
+    grads = {k: torch.from_numpy(rng.standard_normal(s, np.float32)) for k, s in shapes.items()}
+    grads["e"] = grads["e"].T.contiguous().T  # the parameter's shape in another layout
+    scale = torch.tensor(0.5)
+    _step(opt, params, grads, 1e-2, scale)  # the moments made
+    with counting() as meter, meter.measuring():
+        _step(opt, params, grads, 1e-2, scale)
+    counted = scratch_bytes(spec.name, xp.backends, list(shapes.values()))
+    assert 0 < meter.peak <= counted + 64  # a few device scalars aside

@@ -156,7 +156,7 @@ def test_programs_shard_their_state_and_agree_with_programs_that_keep_it_all(kin
     experiment = load_experiment_text(mlp_text(hidden=16))
     compiled = compile_run(experiment, experiment.run(None))
     device = get_device(kind)
-    plan = device.plan(compiled, moments=2, ranks=2, memory=None, microbatches=1, shards=2)
+    plan = device.plan(compiled, optimizer="adamw", ranks=2, memory=None, microbatches=1, shards=2)
     make = lambda where: device.load(plan, where)  # noqa: E731
     whole = _steps(devices, False, make, compiled)
     shard = _steps(devices, True, make, compiled)

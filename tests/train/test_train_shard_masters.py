@@ -116,7 +116,7 @@ def test_each_rank_keeps_the_f32_of_its_own_shard_and_copies_of_the_rest():
     run = experiment.run(None)
     compiled = compile_run(experiment, run)
     device = _device()
-    plan = device.plan(compiled, moments=2, ranks=2, memory=None, microbatches=1, shards=2)
+    plan = device.plan(compiled, optimizer="adamw", ranks=2, memory=None, microbatches=1, shards=2)
     rng = np.random.default_rng(0)
     batch = {
         "x": rng.standard_normal(compiled.inputs["x"][0]).astype(np.float32),
@@ -170,8 +170,8 @@ def test_the_plan_counts_a_gpu_s_own_master_weights():
     experiment = load_experiment_text(text)
     compiled = compile_run(experiment, experiment.run(None))
     device = CudaDevice("cuda")
-    whole = device.plan(compiled, moments=2, ranks=2, memory=None, shards=1)
-    shard = device.plan(compiled, moments=2, ranks=2, memory=None, shards=2)
+    whole = device.plan(compiled, optimizer="adamw", ranks=2, memory=None, shards=1)
+    shard = device.plan(compiled, optimizer="adamw", ranks=2, memory=None, shards=2)
     assert whole.memory.parts["parameters"] == 4 * compiled.param_count
     only = shard.fused.copies_only
     assert sorted(only) == sorted(compiled.params)  # every weight and bias

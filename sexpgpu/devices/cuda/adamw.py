@@ -21,6 +21,7 @@ to the ``("adamw", "torch")`` rule.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from sexpgpu.devices.cuda.triton_support import kernel
-from sexpgpu.devices.cuda.update_torch import in_layout
+from sexpgpu.devices.cuda.update_torch import in_layout, largest_copy
 from sexpgpu.devices.update_rules import UPDATE_RULES, Update, update_rule
 
 __all__ = ["BLOCK", "Numbers", "Table", "Tables", "adamw", "launch", "table_bytes"]
@@ -105,7 +106,12 @@ class Tables:
         return sum(t.nbytes for t in self._made.values())
 
 
-@update_rule("adamw", "triton")
+def _scratch(shapes: Sequence[tuple[int, ...]]) -> int:
+    """Two launch tables kept (`Tables`), and a gradient copied into its layout."""
+    return 2 * table_bytes([math.prod(s) for s in shapes]) + largest_copy(shapes)
+
+
+@update_rule("adamw", "triton", scratch=_scratch)
 def adamw(update: Update) -> None:
     if not all(p.is_contiguous() for p in update.params):
         UPDATE_RULES["adamw", "torch"](update)

@@ -115,7 +115,7 @@ class CudaDevice:
         self,
         compiled: CompiledRun,
         *,
-        moments: int,
+        optimizer: str,
         ranks: int,
         memory: int | None,
         microbatches: int = 1,
@@ -129,7 +129,7 @@ class CudaDevice:
         comes from the executor's schedule, for the training graph at the
         stacking degree chosen here (`sexpgpu.devices.cuda.stacking`); the
         workspace is cuBLAS's (PyTorch takes it from its caching allocator)
-        and the optimizer's temporaries, a few of the largest parameter. With
+        and the update rule's scratch (`UPDATE_SCRATCH`). With
         several ranks, NCCL sums packed copies of the gradients; sharded over
         `shards` ranks, a GPU keeps its shard's moments alone, and where it
         measures the step, the f32 of its shard's parameters alone among those
@@ -141,7 +141,9 @@ class CudaDevice:
         nodes = len(compiled.train_graph.nodes())
         pool = CompilePool(compile_workers(self.on_gpu and self.captures, nodes))
         try:
-            return Planner(self, compiled, microbatches, pool).plan(moments, ranks, memory, shards)
+            return Planner(self, compiled, microbatches, pool).plan(
+                optimizer, ranks, memory, shards
+            )
         finally:
             pool.close()  # later graphs (other GPUs', a resume's) compile in-process
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from sexpgpu.devices.cuda.parallel_compile import CompilePool
+from sexpgpu.devices.optim import moment_count
 from sexpgpu.devices.shard import largest_shard, master_elements
 from sexpgpu.ir.compile import CompiledRun, matmul_flops
 from sexpgpu.ir.dtypes import DType, numpy_dtype
@@ -134,8 +135,10 @@ class Planner:
         self._known: dict[int, tuple[int, int, int]] = self._remembered()
         self._computed: dict[int, tuple[int, int, int]] = {}
 
-    def plan(self, moments: int, ranks: int, memory: int | None, shards: int = 1) -> CudaPlan:
+    def plan(self, optimizer: str, ranks: int, memory: int | None, shards: int = 1) -> CudaPlan:
         device = self.device
+        moments = moment_count(optimizer)
+        scratch = _update_scratch(optimizer, self.compiled)
         budget = detect_budget(device.first, memory)
 
         def plan_at(
@@ -145,7 +148,9 @@ class Planner:
             # the step reads as bf16 copies alone (devices/shard.py).
             moment_elements = moments * largest_shard(self.compiled, shards)
             masters = 4 * master_elements(self.compiled, shards, copies_only)
-            parts = self._parts(degree, moment_elements, ranks, live[0], copy_bytes, masters)
+            parts = self._parts(
+                degree, moment_elements, ranks, live[0], copy_bytes, masters, scratch
+            )
             return MemoryPlan(budget, parts)
 
         # A fused step that does not recompute reads bf16 copies the update keeps all step.
@@ -248,15 +253,13 @@ class Planner:
         live: int,
         copy_bytes: int,
         masters: int,
+        scratch: int,
     ) -> dict[str, int]:
         device, compiled = self.device, self.compiled
         params = 4 * compiled.param_count
         constants = _constant_bytes(compiled.train_graph)
         fed = _fed_param_bytes(compiled.train_graph)
         largest = max((4 * info.size for info in compiled.params.values()), default=0)
-        from sexpgpu.devices.cuda.adamw import table_bytes
-
-        tables = table_bytes([info.size for info in compiled.params.values()])
         if self._whole(degree):
             # The call returns the gradients, made as it goes: its live set counts them.
             # Sharded, room for the f32 of the parameters kept as copies alone
@@ -272,9 +275,8 @@ class Planner:
             "gradients": gradients,
             "constants": constants,
             "activations": max(0, live - fed - constants),
-            # AdamW's launch tables, two kept (`adamw.Tables`); nothing for the other rules'
-            # worth a separate count (0.1 byte a parameter).
-            "workspace": device.library_workspace() + 3 * largest + 2 * tables,
+            # The libraries', and the update rule's scratch (`UPDATE_SCRATCH`).
+            "workspace": device.library_workspace() + scratch,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
@@ -501,6 +503,15 @@ def fused_graph(
         )
     except NotFusable as why:
         return str(why)
+
+
+def _update_scratch(optimizer: str, compiled: CompiledRun) -> int:
+    """The largest scratch of `optimizer`'s rules a GPU may run (`TorchOps.backends`)."""
+    import sexpgpu.devices.cuda.adamw  # noqa: F401  (registers the GPU's rules)
+    from sexpgpu.devices.update_rules import scratch_bytes
+
+    shapes = [tuple(info.shape) for info in compiled.params.values()]
+    return scratch_bytes(optimizer, ("triton", "torch"), shapes)
 
 
 def _lowering_lines(graph: Graph, device: Any) -> list[str]:

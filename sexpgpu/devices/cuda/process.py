@@ -82,7 +82,10 @@ def _segments_that_grow() -> None:
     """
     if "PYTORCH_CUDA_ALLOC_CONF" in os.environ or not torch.cuda.is_available():
         return
-    settings = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    # PyTorch 2.11 moved the setter (the old name warns); older ones have the old alone.
+    settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+        torch.cuda.memory, "_set_allocator_settings", None
+    )
     if settings is not None:
         settings("expandable_segments:True")
 

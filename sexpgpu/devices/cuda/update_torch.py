@@ -9,6 +9,8 @@ parameters it writes current (`sexpgpu.devices.cuda.param_copies`).
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +19,25 @@ import torch
 from sexpgpu.devices.update_numpy import NS_COEFFICIENTS, muon_scale
 from sexpgpu.devices.update_rules import Update, rule_for, update_rule
 
-__all__ = ["adamw", "in_layout", "muon", "newton_schulz", "sgd"]
+__all__ = ["adamw", "in_layout", "largest_copy", "muon", "newton_schulz", "sgd"]
+
+
+def largest_copy(shapes: Sequence[tuple[int, ...]]) -> int:
+    """The bytes of an f32 copy of the largest parameter (`in_layout`'s, one at a time)."""
+    return 4 * max((math.prod(s) for s in shapes), default=0)
+
+
+def _muon_scratch(shapes: Sequence[tuple[int, ...]]) -> int:
+    """Nesterov's sums of every matrix's gradient, then one shape's matrices orthogonalized.
+
+    Per matrix of that shape: its f32 stack and normalized copy, bf16 iterates
+    and products, its f32 result (16 bytes an element), and the bf16 Gram
+    matrices (three of the smaller side squared). Plus AdamW's for the rest.
+    """
+    matrices = Counter(s for s in shapes if len(s) == 2)
+    sums = 4 * sum(math.prod(s) * n for s, n in matrices.items())
+    group = max((n * (16 * math.prod(s) + 6 * min(s) ** 2) for s, n in matrices.items()), default=0)
+    return sums + group + largest_copy(shapes)
 
 
 def in_layout(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -39,7 +59,8 @@ def _scaled(update: Update) -> list[torch.Tensor]:
     return grads
 
 
-@update_rule("sgd", "torch")
+# The momentum's sums with the gradient, beside the gradient's copy (`in_layout`).
+@update_rule("sgd", "torch", scratch=lambda shapes: 3 * largest_copy(shapes))
 def sgd(update: Update) -> None:
     grads = _scaled(update)
     mu, nesterov = float(update.options["momentum"]), bool(update.options["nesterov"])
@@ -52,7 +73,7 @@ def sgd(update: Update) -> None:
     update.xp.copies.refresh(update.params)
 
 
-@update_rule("adamw", "torch")
+@update_rule("adamw", "torch", scratch=largest_copy)
 def adamw(update: Update) -> None:
     # PyTorch's fused multi-tensor AdamW: a few kernels for all, its step count and
     # learning rate read from the device scalars; decayed and plain parameters apart.
@@ -107,7 +128,7 @@ def newton_schulz(u: torch.Tensor, steps: int) -> torch.Tensor:
     return (x.mT if tall else x).float()
 
 
-@update_rule("muon", "torch")
+@update_rule("muon", "torch", scratch=_muon_scratch)
 def muon(update: Update) -> None:
     rule_for("adamw", update.xp.backends)(
         update.select([not h for h in update.hidden], lr=update.numbers["adamw_lr"])

@@ -4,13 +4,13 @@ PyTorch's multi-tensor ``_fused_adamw_`` took 10 launches and 1.18 ms for
 GPT-2 small's 148 parameters on an H200 (about 3 TB/s of the least
 traffic: the parameters, gradients and moments read, the parameters and
 moments written). Here one launch covers them all: a table on the device
-gives each program a block of one parameter (the addresses of the
-parameter, its gradient and its two moments, the block's start, the
-parameter's size, and the address of the parameter's bf16 copy where the
-fused step reads one, `sexpgpu.devices.cuda.param_copies`). The table is
-made once per set of addresses and kept (the last few), so a captured
-update replays it: a row per parameter, and per program only the number of
-its parameter (4 bytes a program, 0.02 GiB at 2.5B parameters).
+gives each program a block of one parameter. It holds a row per parameter
+(the addresses of the parameter, its gradient and its two moments, its
+first program, its size, and the address of its bf16 copy where the fused
+step reads one, `sexpgpu.devices.cuda.param_copies`) and, per program, only
+the number of its parameter's row (4 bytes a program: 0.02 GiB at 2.5B
+parameters). The table is made once per set of addresses and kept (the
+last few), so a captured update replays it.
 
 The arithmetic is the reference's (`sexpgpu.devices.update_numpy.adamw`),
 in f32, the gradient multiplied by the update's scale as it is read; the

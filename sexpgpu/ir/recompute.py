@@ -26,7 +26,13 @@ chooses them for a memory budget, with the least added work:
    values are then made again from the cut before it, in the segment's own
    backward, so only the cuts and one segment live at once. It costs about
    one more forward. Where it does not fit, every second cut is kept, then
-   every third, every fourth; when none fits, nothing does.
+   every third, every fourth; when none fits, nothing does;
+4. **keeping back**, where checkpointing fits with room to spare: the
+   recomputed values that save the most work per byte kept (products
+   first, and among equals the latest in the forward, whose backward comes
+   first, before most gradients exist) are kept again, the most that still
+   fit, found by bisection. A model whose peak comes at the end of the
+   backward keeps most of its late blocks' products this way.
 
 Values are counted by buffer: a view (reshape, transpose, broadcast, slice)
 shares its operand's buffer, is never a choice of its own, and is made again
@@ -438,9 +444,10 @@ def fit(
     Returns
     -------
     Recomputation or None
-        The walk's fewest moves that fit; else the graph checkpointed at the
-        cuts (every one kept, else every second, ...) that fits; else the one
-        keeping every cut, with ``fits`` False.
+        Of the walk's fewest moves that fit and the graph checkpointed at the
+        cuts (every one kept, else every second, ...) with the most kept back
+        that fits, the one of fewer FLOPs; where neither fits, the one keeping
+        every cut, with ``fits`` False.
     """
     if fits(graph):
         return None
@@ -452,19 +459,50 @@ def fit(
             made[k] = _rewrite(graph, [r for move in walk[:k] for r in move.roots], loss)
         return made[k]
 
+    base = flops(graph)
+    found: list[Recomputation] = []
     k = _least(len(walk), lambda k: fits(at(k)[0]))
     if k is not None:
         rewritten, values = at(k)
-        return Recomputation(rewritten, values, flops(rewritten), flops(graph), True)
+        found.append(Recomputation(rewritten, values, flops(rewritten), base, True))
     # Every cut kept, then every second, ...: longer segments, fewer values kept between
-    # them, about the same work (each value is made once more either way).
-    tried, found = [], cuts(graph, loss)
+    # them, about the same work (each value is made once more either way). The first
+    # that fits keeps back what its room allows, and may then cost less than the walk.
+    tried, at_cuts = [], cuts(graph, loss)
     for every in _SPACINGS:
-        rewritten, values = _rewrite(graph, _checkpointed(graph, loss, every, found), loss)
-        tried.append(Recomputation(rewritten, values, flops(rewritten), flops(graph), False))
+        roots = _checkpointed(graph, loss, every, at_cuts)
+        rewritten, values = _rewrite(graph, roots, loss)
+        tried.append(Recomputation(rewritten, values, flops(rewritten), base, False))
         if fits(rewritten):
-            return dataclasses.replace(tried[-1], fits=True)
-    return tried[0]
+            rewritten, values = _kept_back(graph, roots, fits, loss)
+            found.append(Recomputation(rewritten, values, flops(rewritten), base, True))
+            break
+    return min(found, key=lambda r: (r.flops, r.values)) if found else tried[0]
+
+
+def _kept_back(
+    graph: Graph, roots: list[Node], fits: Callable[[Graph], bool], loss: str
+) -> tuple[Graph, int]:
+    """`graph` recomputing `roots` but for the most of them kept back that still fits.
+
+    Kept back first: the most work per byte (products), then the latest in
+    the forward. `roots` recomputed all must fit; fitting is taken as
+    monotone in how many are kept back.
+    """
+    position = {id(n): i for i, n in enumerate(graph.nodes())}
+    order = sorted(roots, key=lambda n: (-work(n) / max(_bytes(n), 1), -position[id(n)]))
+    made: dict[int, tuple[Graph, int]] = {}
+
+    def keeping(k: int) -> tuple[Graph, int]:
+        if k not in made:
+            kept = {id(n) for n in order[:k]}
+            made[k] = _rewrite(graph, [n for n in roots if id(n) not in kept], loss)
+        return made[k]
+
+    # The most kept back that fits: the least k not kept back past which all fit.
+    n = len(order)
+    least = _least(n, lambda k: fits(keeping(n - k)[0]))
+    return keeping(n - (n if least is None else least))
 
 
 def _least(n: int, ok: Callable[[int], bool]) -> int | None:

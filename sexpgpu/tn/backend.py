@@ -127,18 +127,14 @@ class Backend:
         raise NotImplementedError
 
     # ----- arithmetic --------------------------------------------------------
-    def dot(self, a: Array, b: Array, scratch: str | None = None, wide: bool = False) -> Array:
+    def dot(self, a: Array, b: Array, scratch: str | None = None) -> Array:
         """The matrix product of two 2-D arrays (one GEMM).
 
         ``scratch`` names a buffer the backend may write the result into and
         reuse for the next product of that name: for a temporary that is dead
         by then (on the host, a sweep's large temporaries are then not mapped
         and faulted in anew at every site; PyTorch's allocator reuses its
-        blocks anyway). With ``wide``, the caller takes the result in either
-        layout: the host computes a product with fewer rows than columns as
-        its transpose, ``(b^T a^T)^T``, and returns a Fortran-ordered array
-        (OpenBLAS's kernels run such a product 0.8 to 0.9 of the time that way,
-        e.g. 64x128x256 complex128: 0.29 against 0.35 ms).
+        blocks anyway).
         """
         raise NotImplementedError
 
@@ -252,12 +248,8 @@ class NumpyBackend(Backend):
     def nbytes(self, x: np.ndarray) -> int:
         return int(x.nbytes)
 
-    def dot(
-        self, a: np.ndarray, b: np.ndarray, scratch: str | None = None, wide: bool = False
-    ) -> np.ndarray:
+    def dot(self, a: np.ndarray, b: np.ndarray, scratch: str | None = None) -> np.ndarray:
         # np.dot, or for complex operands the 3M method where it pays
-        if wide and scratch is None and a.shape[0] < b.shape[1]:
-            return gemm3m.dot(b.T, a.T).T
         if scratch is None:
             return gemm3m.dot(a, b)
         return gemm3m.dot(a, b, self._out(scratch, (a.shape[0], b.shape[1]), a, b))
@@ -516,7 +508,7 @@ class TorchBackend(Backend):
             return int(x.nbytes)
         return int(x.numel() * x.element_size())
 
-    def dot(self, a: Any, b: Any, scratch: str | None = None, wide: bool = False) -> Any:
+    def dot(self, a: Any, b: Any, scratch: str | None = None) -> Any:
         return self._product(self._torch.mm, a, b)
 
     def matmul(self, a: Any, b: Any, scratch: str | None = None) -> Any:

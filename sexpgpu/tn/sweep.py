@@ -352,7 +352,7 @@ def _project(
     for i, (a, b) in enumerate(blocks):
         q_block = xp.contiguous(qh[:, a * ud : b * ud])  # (c_r, (b-a) u d)
         if held:
-            part = xp.dot(q_block, held[i], wide=True)
+            part = xp.dot(q_block, held[i])
         else:
             # (b-a, c_r, u d): the block's rows first, so the split can cut them.
             q_rows = xp.permute(q_block.reshape(qh.shape[0], b - a, ud), (1, 0, 2))
@@ -361,7 +361,7 @@ def _project(
                 rows, q_piece = piece
                 n = rows.shape[0]
                 qm = xp.contiguous(xp.permute(q_piece, (1, 0, 2))).reshape(-1, n * ud)
-                return xp.dot(qm, z_of(rows), wide=True)
+                return xp.dot(qm, z_of(rows))
 
             part = run_with_split(per_piece, (proj[a:b], q_rows), state, add_up, what=what)
         total = part if total is None else total + part

@@ -279,9 +279,11 @@ class NumpyBackend(Backend):
         return x.T.conj()
 
     def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        q, r = host_qr(x)
+        q, r = host_qr(x)  # both fresh arrays: the phases are applied in place
         phase = _unit(np.diagonal(r).copy(), np)  # R's diagonal made real and >= 0
-        return q * phase, phase.conj()[:, None] * r
+        q *= phase
+        r *= phase.conj()[:, None]
+        return q, r
 
     def gemm_qr(self, x: np.ndarray, *, with_r: bool) -> tuple[np.ndarray, np.ndarray | None, None]:
         """`qr` (LAPACK's Householder); without ``with_r``, ``r`` is not formed."""
@@ -289,7 +291,8 @@ class NumpyBackend(Backend):
             q, r = self.qr(x)
             return q, r, None
         q, diagonal = host_qr_basis(x)
-        return q * _unit(diagonal, np), None, None
+        q *= _unit(diagonal, np)
+        return q, None, None
 
     def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         u, s, vh = host_svd(x)

@@ -9,6 +9,7 @@ conjugate-transposed, or LAPACK's QR-iteration SVD (``gesvd``), converges.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -60,34 +61,43 @@ def qr(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     its transpose (the output core) is C-contiguous without a copy. Without
     SciPy, NumPy's QR.
     """
-    q, factors = _householder(matrix)
-    if factors is None:
-        return q, np.linalg.qr(matrix)[1]
-    return q, np.triu(factors[: q.shape[1]])
+    q, r = _householder(matrix, lambda factors, k: np.triu(factors[:k]))
+    if q is None:
+        return tuple(np.linalg.qr(matrix))
+    return q, r
 
 
 def qr_basis(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`qr`'s ``q`` and the diagonal of its ``r``, without forming ``r``."""
-    q, factors = _householder(matrix)
-    if factors is None:
-        return q, np.diagonal(np.linalg.qr(matrix)[1]).copy()
-    return q, np.diagonal(factors).copy()
+    q, diagonal = _householder(matrix, lambda factors, _k: np.diagonal(factors).copy())
+    if q is None:
+        q, r = np.linalg.qr(matrix)
+        return q, np.diagonal(r).copy()
+    return q, diagonal
 
 
-def _householder(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """``q`` and LAPACK's factors (``r`` in their upper triangle); without SciPy, None."""
+def _householder(
+    matrix: np.ndarray, keep: Callable[[np.ndarray, int], np.ndarray]
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """``q``, and ``keep(factors, k)`` read from LAPACK's factors before ``q`` replaces them.
+
+    ``r`` lies in the factors' upper triangle. ``ungqr`` writes ``q`` over the
+    factors (a fresh array, ours) rather than over a copy of them, so the
+    QR allocates no array beyond its result. Without SciPy, ``(None, None)``.
+    """
     routines = _qr_routines(matrix.dtype.char)
     if routines is None:
-        return np.linalg.qr(matrix)[0], None
+        return None, None
     geqrf, ungqr = routines
     k = min(matrix.shape)
     # SciPy's default workspace (3n) would keep LAPACK unblocked where it
     # blocks (from 128 columns); room for _QR_BLOCK columns lets it.
     factors, tau, _work, info = geqrf(matrix, lwork=max(1, _QR_BLOCK * matrix.shape[1]))
     assert info == 0, f"geqrf: info={info}"
-    q, _work, info = ungqr(factors[:, :k], tau, lwork=max(1, _QR_BLOCK * k))
+    kept = keep(factors, k)
+    q, _work, info = ungqr(factors[:, :k], tau, lwork=max(1, _QR_BLOCK * k), overwrite_a=1)
     assert info == 0, f"ungqr: info={info}"
-    return q, factors
+    return q, kept
 
 
 @cache

@@ -57,9 +57,12 @@ def _merge(a: Layer, b: Layer, work: np.dtype) -> Layer:
     n, sites = len(a), []
     for j in range(n):
         top, bottom = a.read(j).astype(work, copy=False), b.read(j).astype(work, copy=False)
-        core = np.einsum("abux,cdxv->acbduv", top, bottom)
-        la, ra, up = top.shape[:3]
+        la, ra, up, inner = top.shape
         lb, rb, _, down = bottom.shape
-        core = core.reshape(la * lb, ra * rb, up, down)
+        # One GEMM over x, then one rearranging copy: einsum's own loop over
+        # these few hundred numbers cost ten times as much (50 us a site).
+        core = top.reshape(-1, inner) @ bottom.transpose(2, 0, 1, 3).reshape(inner, -1)
+        core = core.reshape(la, ra, up, lb, rb, down).transpose(0, 3, 1, 4, 2, 5)
+        core = core.reshape(la * lb, ra * rb, up, down)  # (a b, a' b', u, d)
         sites.append(unpad_core(core, j, n, "mpo"))
     return Layer(sites, "mpo", where=a.where)

@@ -53,7 +53,7 @@ from sexpgpu.runtime.oom import SplitState, add_up, run_with_split
 
 from .backend import Array, Backend
 from .comm import Context
-from .contractions import env_step, right_block
+from .contractions import env_step, right_block, right_columns
 from .feed import site_feed
 from .plan import Plan, column_blocks, row_blocks
 from .sink import CoreSink, CoreWriter
@@ -270,6 +270,10 @@ def _rtl_step(
     plan = job.plan
     env = store.take(j)
     env = env[: _sketch_width(job, ctx.rank, cap)]
+    # Z's left legs in the order its last product makes them; C_j's columns to match
+    columns = right_columns(xp, proj, cores)
+    if columns != tuple(range(len(cores))):
+        env = xp.contiguous(xp.permute(env, (0, *(1 + i for i in columns))))
     env_t = xp.permute(env.reshape(env.shape[0], prod(env.shape[1:])), (1, 0))  # (l.., s_r)
     e, lefts = proj.shape[0], [c.shape[0] for c in cores]
     up, down = cores[0].shape[2], cores[-1].shape[3]
@@ -277,7 +281,7 @@ def _rtl_step(
     blocks = row_blocks(e, plan.row_tile)
 
     def z_of(rows: Array) -> Array:  # (b, r..) -> (b u d, l..)
-        z = right_block(xp, rows, cores)
+        z = right_block(xp, rows, cores, columns)
         return z.reshape(z.shape[0] * ud, -1)
 
     what = f"site {j}'s right-to-left product"
@@ -327,7 +331,8 @@ def _rtl_step(
             download()  # the discarded core's copy is done before its buffer goes
         full, download, _ = finish(exact=True)
     logger.debug("rank %d: right-to-left: site %d, bond %d", ctx.rank, j, full.shape[0])
-    return full.reshape(-1, *lefts), download
+    full = full.reshape(-1, *(lefts[i] for i in columns))  # (c, l..) in Z's order
+    return xp.permute(full, (0, *(1 + columns.index(i) for i in range(len(columns))))), download
 
 
 def _project(

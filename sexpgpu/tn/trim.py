@@ -121,7 +121,8 @@ def _trim_layer(layer: Layer, shapes: list[Shape4], bonds: list[int], work: np.d
         left, right, up, down = c.shape
         q, r = qr(np.ascontiguousarray(c.transpose(0, 2, 3, 1)).reshape(-1, right))
         cores[j] = q.reshape(left, up, down, -1).transpose(0, 3, 1, 2)
-        cores[j + 1] = np.tensordot(r, core(j + 1), axes=(1, 0))
+        nxt = core(j + 1)  # R . site_{j+1} over the bond: one GEMM
+        cores[j + 1] = (r @ nxt.reshape(nxt.shape[0], -1)).reshape(r.shape[0], *nxt.shape[1:])
         lefts[j + 1] = r.shape[0]
         j += 1
     # From the right: LQ (a QR of the transpose) of each site whose left bond exceeds its columns.
@@ -131,7 +132,10 @@ def _trim_layer(layer: Layer, shapes: list[Shape4], bonds: list[int], work: np.d
         c = core(j)
         q, r = qr(c.reshape(c.shape[0], -1).T)  # site = r^T q^T
         cores[j] = q.T.reshape(-1, *c.shape[1:])
-        cores[j - 1] = np.tensordot(core(j - 1), r.T, axes=(1, 0)).transpose(0, 3, 1, 2)
+        prev = core(j - 1)  # site_{j-1} . L over the bond: one GEMM, r_{j-1} last
+        moved = np.ascontiguousarray(prev.transpose(0, 2, 3, 1))
+        moved = moved.reshape(-1, prev.shape[1]) @ r.T
+        cores[j - 1] = moved.reshape(prev.shape[0], *prev.shape[2:], -1).transpose(0, 3, 1, 2)
         right = r.shape[0]
         j -= 1
     assert [cores[j].shape[1] if j in cores else shapes[j][1] for j in range(n - 1)] == bonds

@@ -96,10 +96,10 @@ def test_a_failing_rank_aborts_the_group_without_hanging(monkeypatch):
 
     real = sweep_module.right_block
 
-    def broken(xp, proj, cores):
+    def broken(xp, proj, cores, *rest):
         if threading.current_thread().name == "sexpgpu-rank-1":
             raise ValueError("rank 1 broke")
-        return real(xp, proj, cores)
+        return real(xp, proj, cores, *rest)
 
     monkeypatch.setattr(sweep_module, "right_block", broken)
     stack = make_stack("OS", 6, np.random.default_rng(1), chi=6, bond=2)

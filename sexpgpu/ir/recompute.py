@@ -499,10 +499,11 @@ def _kept_back(
             made[k] = _rewrite(graph, [n for n in roots if id(n) not in kept], loss)
         return made[k]
 
-    # The most kept back that fits: the least k not kept back past which all fit.
+    # The most kept back that fits: the fewest left to recompute (all of them fit).
     n = len(order)
     least = _least(n, lambda k: fits(keeping(n - k)[0]))
-    return keeping(n - (n if least is None else least))
+    assert least is not None, "the checkpointed graph fits"
+    return keeping(n - least)
 
 
 def _least(n: int, ok: Callable[[int], bool]) -> int | None:

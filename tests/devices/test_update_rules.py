@@ -18,7 +18,7 @@ from sexpgpu.devices.cuda import update_torch  # noqa: E402
 from sexpgpu.devices.cuda.arrays import TorchOps  # noqa: E402
 from sexpgpu.devices.cuda.stream import TorchStream  # noqa: E402
 from sexpgpu.devices.optim import OPTIMIZERS, make_optimizer  # noqa: E402
-from sexpgpu.devices.update_rules import UPDATE_RULES  # noqa: E402
+from sexpgpu.devices.update_rules import UPDATE_RULES, scratch_bytes  # noqa: E402
 from sexpgpu.lang.runs import optimizer_spec  # noqa: E402
 
 # A hidden matrix each way round, an embedding-like matrix kept on AdamW, a vector.
@@ -130,3 +130,37 @@ def test_muons_first_step_is_the_scaled_orthogonal_factor_of_the_gradient():
     opt.queue(p, {"w": g.copy()})
     want = p0 - 0.02 * np.sqrt(9 / 4) * update_numpy.newton_schulz(g, 5)
     np.testing.assert_allclose(p["w"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        optimizer_spec("sgd", lr=1e-2, momentum=0.9, nesterov=True),
+        optimizer_spec("adamw", lr=1e-2, weight_decay=0.1),
+        optimizer_spec("muon", lr=1e-2, nesterov=True),
+    ],
+    ids=lambda s: s.name,
+)
+def test_an_update_holds_no_more_than_its_rule_counts(spec):
+    # The memory plan counts an update's temporaries from its rule's entry in
+    # UPDATE_SCRATCH; here the rule's storages are metered on PyTorch's CPU device.
+    # One gradient arrives transposed (as a tied embedding's does op by op).
+    from cpu_bytes import counting
+
+    shapes = {"a": (64, 96), "b": (64, 96), "c": (96, 32), "e": (128, 64), "v": (96,)}
+    hidden = {k: len(s) == 2 and k != "e" for k, s in shapes.items()}
+    cpu = torch.device("cpu")
+    xp, stream = TorchOps(cpu), TorchStream(cpu)
+    opt = make_optimizer(spec, shapes, dict(hidden), xp, stream, hidden)
+    rng = np.random.default_rng(0)
+    params = {k: torch.from_numpy(rng.standard_normal(s, np.float32)) for k, s in shapes.items()}
+    grads = {k: torch.from_numpy(rng.standard_normal(s, np.float32)) for k, s in shapes.items()}
+    grads["e"] = grads["e"].T.contiguous().T  # the parameter's shape in another layout
+    scale = torch.tensor(0.5)
+    opt.advance(1e-2)
+    opt.queue(params, grads, scale)  # the moments made
+    with counting() as meter, meter.measuring():
+        opt.advance(1e-2)
+        opt.queue(params, grads, scale)
+    counted = scratch_bytes(spec.name, xp.backends, list(shapes.values()))
+    assert 0 < meter.peak <= counted + 64  # a few device scalars aside

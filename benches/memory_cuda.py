@@ -18,6 +18,10 @@ budget of 60% of its no-recompute plan (the plan alone, for the first size).
     python benches/memory_cuda.py --card 40 --sizes 8x4096 11x4096 12x4096  # a 40 GiB card
     python benches/memory_cuda.py --card 40 --sizes 13x4096 --sides torch   # one side
     python benches/memory_cuda.py --smoke                 # on the CPU in seconds: the paths
+    python benches/memory_cuda.py --card 40 --sizes 13x4096 --profile --logs L  # kernels, in L
+
+``--profile`` runs each side's steps under ``torch.profiler`` and writes
+the kernels that took longest, per step, into the side's log (``--logs``).
 
 ``--card GIB`` makes the GPU a smaller card for both sides alike: PyTorch's
 caching allocator refuses more than GIB in each process
@@ -35,6 +39,7 @@ takes minutes on a CPU). Results are recorded in benches/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -100,7 +105,8 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
             if error.code != "E-MEM-001":
                 raise
             return {"fits": False, "why": error.message}
-        trainer.run()
+        with profiled(args):
+            trainer.run()
         records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
     times = [r["value"] for r in records if r["name"] == "train/step_time_s"]
     notes = [r["value"] for r in records if r["name"] == "annotation"]
@@ -112,6 +118,27 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
         "plan": next((n for n in notes if n.startswith("memory: plan")), None),
         "recompute": next((n for n in notes if n.startswith("recompute:")), "none"),
     }
+
+
+@contextlib.contextmanager
+def profiled(args: argparse.Namespace):
+    """The steps inside, under ``torch.profiler`` if ``--profile``: the top kernels printed."""
+    if not args.profile:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = not args.smoke
+    activities = [ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        yield
+    key = "device_time_total" if gpu else "cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events if not e.key.startswith("ProfilerStep"))
+    print(f"profile: {total / 1e3 / args.steps:.1f} ms a step in kernels, over {args.steps} steps")
+    for e in events[:40]:
+        ms = getattr(e, key) / 1e3 / args.steps
+        print(f"profile: {ms:9.2f} ms {e.count // args.steps:5d}x  {e.key[:150]}")
 
 
 def limit_card(gib: float) -> None:
@@ -180,12 +207,13 @@ def torch_side(size: str, args: argparse.Namespace) -> dict:
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
     try:
-        for i in range(args.steps):
-            if on_gpu:
-                torch.cuda.synchronize()
-            began = time.perf_counter()
-            step(data[i % len(data)]).item()
-            times.append(time.perf_counter() - began)
+        with profiled(args):
+            for i in range(args.steps):
+                if on_gpu:
+                    torch.cuda.synchronize()
+                began = time.perf_counter()
+                step(data[i % len(data)]).item()
+                times.append(time.perf_counter() - began)
     except torch.OutOfMemoryError as error:
         return {"fits": False, "why": str(error).splitlines()[0]}
     return {
@@ -281,6 +309,7 @@ def run_child(side: str, size: str, args: argparse.Namespace) -> dict:
     flags = [f"--seq={args.seq}", f"--batch={args.batch}", f"--steps={args.steps}"]
     flags += [f"--warmup={args.warmup}", *(["--smoke"] if args.smoke else [])]
     flags += [f"--card={args.card}"] if args.card else []
+    flags += ["--profile"] if args.profile and side != "flops60" else []
     cmd = [sys.executable, __file__, f"--side={side}", f"--size={size}", *flags]
     env = {
         # Both sides' allocators grow segments in place (sexpgpu's default, torchtitan's).
@@ -320,6 +349,7 @@ def main() -> None:
     parser.add_argument("--card", type=float, help="GiB the GPU may use, both sides alike")
     parser.add_argument("--logs", help="a folder for each side and size's whole output")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--profile", action="store_true", help="kernel times into --logs")
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--size", help=argparse.SUPPRESS)
     args = parser.parse_args()

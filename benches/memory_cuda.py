@@ -20,8 +20,9 @@ budget of 60% of its no-recompute plan (the plan alone, for the first size).
     python benches/memory_cuda.py --smoke                 # on the CPU in seconds: the paths
     python benches/memory_cuda.py --card 40 --sizes 13x4096 --profile --logs L  # kernels, in L
 
-``--profile`` runs each side's steps under ``torch.profiler`` and writes
-the kernels that took longest, per step, into the side's log (``--logs``).
+``--profile`` runs each side's steps after the warm-up (but the last) under
+``torch.profiler`` and writes the kernels that took longest, per step, into
+the side's log (``--logs``).
 
 ``--card GIB`` makes the GPU a smaller card for both sides alike: PyTorch's
 caching allocator refuses more than GIB in each process
@@ -39,7 +40,6 @@ takes minutes on a CPU). Results are recorded in benches/README.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -97,16 +97,16 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
             environ["SEXPGPU_MEMORY"] = f"{args.card}GiB"
             limit_card(args.card)
         try:
+            profiled = Profiled(args)
             trainer = prepare_run(
                 path, variant="bench", steps=args.steps, out=Path(tmp) / "run",
-                device=device, environ=environ,
+                device=device, environ=environ, on_step=lambda r: profiled.at(r.step),
             )  # fmt: skip
         except SexpgpuError as error:
             if error.code != "E-MEM-001":
                 raise
             return {"fits": False, "why": error.message}
-        with profiled(args):
-            trainer.run()
+        trainer.run()
         records = list(read_metrics(Path(tmp) / "run" / "metrics.jsonl"))
     times = [r["value"] for r in records if r["name"] == "train/step_time_s"]
     notes = [r["value"] for r in records if r["name"] == "annotation"]
@@ -120,25 +120,45 @@ def sexpgpu_side(size: str, args: argparse.Namespace) -> dict:
     }
 
 
-@contextlib.contextmanager
-def profiled(args: argparse.Namespace):
-    """The steps inside, under ``torch.profiler`` if ``--profile``: the top kernels printed."""
-    if not args.profile:
-        yield
-        return
-    from torch.profiler import ProfilerActivity, profile
+class Profiled:
+    """Steps ``--warmup`` + 1 to ``--steps`` - 1 under ``torch.profiler`` where ``--profile`` asks.
 
-    gpu = not args.smoke
-    activities = [ProfilerActivity.CUDA] if gpu else [ProfilerActivity.CPU]
-    with profile(activities=activities) as prof:
-        yield
-    key = "device_time_total" if gpu else "cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
-    total = sum(getattr(e, key) for e in events if not e.key.startswith("ProfilerStep"))
-    print(f"profile: {total / 1e3 / args.steps:.1f} ms a step in kernels, over {args.steps} steps")
-    for e in events[:40]:
-        ms = getattr(e, key) / 1e3 / args.steps
-        print(f"profile: {ms:9.2f} ms {e.count // args.steps:5d}x  {e.key[:150]}")
+    `at(step)` is called after each step (counted from 1); the kernels that
+    took longest are printed per step when the last one is done.
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.first, self.last = args.warmup + 1, args.steps - 1
+        self.gpu, self.prof = not args.smoke, None
+        if args.profile and self.last >= self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            kind = ProfilerActivity.CUDA if self.gpu else ProfilerActivity.CPU
+            self.prof = profile(activities=[kind])
+
+    def at(self, step: int) -> None:
+        if self.prof is None:
+            return
+        if step == self.first - 1:
+            self.prof.start()
+        elif step == self.last:
+            if self.gpu:
+                import torch
+
+                torch.cuda.synchronize()
+            self.prof.stop()
+            self.report()
+
+    def report(self) -> None:
+        steps = self.last - self.first + 1
+        key = "device_time_total" if self.gpu else "cpu_time_total"
+        events = sorted(self.prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+        total = sum(getattr(e, key) for e in events)
+        print(f"profile: {total / 1e3 / steps:.1f} ms a step in kernels, steps {self.first}-"
+              f"{self.last}")  # fmt: skip
+        for e in events[:40]:
+            ms = getattr(e, key) / 1e3 / steps
+            print(f"profile: {ms:9.2f} ms {e.count / steps:7.1f}x  {e.key[:150]}")
 
 
 def limit_card(gib: float) -> None:
@@ -206,14 +226,16 @@ def torch_side(size: str, args: argparse.Namespace) -> dict:
     times = []
     if on_gpu:
         torch.cuda.reset_peak_memory_stats()
+    profiled = Profiled(args)
     try:
-        with profiled(args):
-            for i in range(args.steps):
-                if on_gpu:
-                    torch.cuda.synchronize()
-                began = time.perf_counter()
-                step(data[i % len(data)]).item()
-                times.append(time.perf_counter() - began)
+        for i in range(args.steps):
+            profiled.at(i)
+            if on_gpu:
+                torch.cuda.synchronize()
+            began = time.perf_counter()
+            step(data[i % len(data)]).item()
+            times.append(time.perf_counter() - began)
+        profiled.at(args.steps)
     except torch.OutOfMemoryError as error:
         return {"fits": False, "why": str(error).splitlines()[0]}
     return {

@@ -34,6 +34,12 @@ chooses them for a memory budget, with the least added work:
    fit, found by bisection. A model whose peak comes at the end of the
    backward keeps most of its late blocks' products this way.
 
+Apart from any budget, `cheap` lists what a fusing device makes again
+always, as PyTorch's partitioner does: kept values of the IR's elementwise
+ops made from kept values only. Making them again frees their bytes and
+keeps nothing new; the backward's fused kernels make them where they read
+them.
+
 Values are counted by buffer: a view (reshape, transpose, broadcast, slice)
 shares its operand's buffer, is never a choice of its own, and is made again
 with the buffer it views. A recomputed value is made once, by its first
@@ -55,9 +61,9 @@ from collections.abc import Callable, Iterable
 
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Graph, Node, topological_order
-from sexpgpu.ir.ops import FUSED, LEAF, VIEW, Op
+from sexpgpu.ir.ops import ELEMENTWISE, FUSED, LEAF, VIEW, Op
 
-__all__ = ["Move", "Recomputation", "cuts", "fit", "moves", "recompute_graph", "work"]
+__all__ = ["Move", "Recomputation", "cheap", "cuts", "fit", "moves", "recompute_graph", "work"]
 
 _ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F64: 8, DType.INT32: 4, DType.BOOL: 1}
 # Work per element of the fused ops, relative to an add (their exp, rsqrt, tanh, rows).
@@ -269,6 +275,41 @@ def moves(graph: Graph, loss: str = "loss") -> list[Move]:
         best = max(found, key=rank)
         boundary.apply(best)
         walk.append(best)
+
+
+def cheap(graph: Graph, loss: str = "loss", *, into_products: bool = True) -> list[Node]:
+    """The kept buffers free to make again: elementwise values made from kept values.
+
+    Taken one at a time, most bytes first, so that a chain (a sigmoid, then
+    the product with it) goes whole. A cast of a leaf stays kept (a fusing
+    device reads the parameters' copies). Without `into_products`, a value
+    a product or another fused op reads in the backward stays kept too: it
+    would be made into a buffer of its own there, an extra pass.
+    """
+    boundary = _Boundary(graph, loss)
+    readers: dict[int, set[Op]] = {}
+    for node in graph.nodes():
+        if id(node) not in boundary.nodes:
+            for x in node.inputs:
+                readers.setdefault(id(_root(x)), set()).add(node.op)
+    pointwise = ELEMENTWISE | VIEW
+
+    def free(move: Move) -> bool:
+        (root,) = move.roots if len(move.roots) == 1 else (None,)
+        return (
+            root is not None
+            and root.op in ELEMENTWISE
+            and move.freed == _bytes(root)
+            and not all(_root(x).op in LEAF for x in root.inputs)
+            and (into_products or readers.get(id(root), set()) <= pointwise)
+        )
+
+    taken: list[Node] = []
+    while found := [m for m in boundary.candidates() if free(m)]:
+        best = max(found, key=lambda m: (m.freed, -boundary.position[id(m.roots[0])]))
+        boundary.apply(best)
+        taken.append(best.roots[0])
+    return taken
 
 
 def cuts(graph: Graph, loss: str = "loss") -> list[Node]:

@@ -94,6 +94,21 @@ def test_explain_plans_the_cuda_device_that_fits_a_smaller_card(capsys, monkeypa
     assert after > before  # the graph printed is the one the device runs, recomputing
 
 
+def test_the_cuda_plan_makes_the_llamas_cheap_values_again(capsys, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("plans the card named by SEXPGPU_MEMORY where no GPU is visible")
+    from sexpgpu.cli import main
+
+    monkeypatch.setenv("SEXPGPU_MEMORY", "80GiB")
+    llama = GPT.parent / "llama.lisp"
+    assert main(["explain", str(llama), "--variant", "smoke", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    made = re.search(r"; made again in the backward: (\d+) elementwise values", out)
+    assert made and int(made.group(1)) > 0
+    assert "recompute:" not in out  # apart from any budget, no FLOPs added
+
+
 def test_gpt2_small_in_3_gib_recomputes_at_the_stacking_degree_it_picks(capsys, monkeypatch):
     # README's command. A degree that recomputes keeps no bf16 parameter copies, so its
     # plan is not charged for them: the cost model may pick 2 microbatches a call.

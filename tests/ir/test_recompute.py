@@ -7,8 +7,8 @@ import pytest
 
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.ir.compile import compile_run, matmul_flops
-from sexpgpu.ir.ops import Op
-from sexpgpu.ir.recompute import cuts, fit, moves, recompute_graph
+from sexpgpu.ir.ops import ELEMENTWISE, PRODUCT, VIEW, Op
+from sexpgpu.ir.recompute import cheap, cuts, fit, moves, recompute_graph
 from sexpgpu.lang import load_experiment, load_experiment_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +110,43 @@ def test_the_interpreter_peaks_lower_on_the_rewritten_graph(variant):
     plain(feeds)
     recomputing(feeds)
     assert recomputing.last_peak_bytes < 0.8 * plain.last_peak_bytes
+
+
+@pytest.mark.parametrize("into_products", [False, True])
+def test_cheap_values_are_elementwise_and_free_and_give_the_same_bits(into_products):
+    graph = _train_graph("deep", text=LLAMA.read_text() + DEEP, path=LLAMA).train_graph
+    roots = cheap(graph, into_products=into_products)
+    assert {r.op for r in roots} >= {Op.SIGMOID, Op.MUL}  # SwiGLU's
+    assert all(r.op in ELEMENTWISE for r in roots)
+    rewritten = recompute_graph(graph, roots)
+    assert matmul_flops(rewritten) == matmul_flops(graph)  # no product made again
+    assert _peak(rewritten) < 0.9 * _peak(graph)
+    feeds = _feeds(graph, seed=2)
+    before, after = CpuProgram(graph)(feeds), CpuProgram(rewritten)(feeds)
+    for name in graph.outputs:
+        assert np.array_equal(before[name], after[name]), name
+    # Without `into_products`, a product reads no value made again (a buffer of its own there).
+    assert _products_read_made_again(graph, rewritten, roots) == into_products
+
+
+def _products_read_made_again(graph, rewritten, roots):
+    """Whether a product of `rewritten` reads (through views) a copy of one of `roots`."""
+    kinds = {(r.op, r.shape, r.span) for r in roots}
+    old = {id(n) for n in graph.nodes()}
+    new = [n for n in rewritten.nodes() if id(n) not in old]
+    made = {id(n) for n in new if (n.op, n.shape, n.span) in kinds}
+
+    def base(x):
+        while x.op in VIEW:
+            x = x.inputs[0]
+        return x
+
+    return any(id(base(x)) in made for n in rewritten.nodes() if n.op in PRODUCT for x in n.inputs)
+
+
+def test_the_gpt_has_no_cheap_values():
+    # Its activations are fused ops (layernorm, gelu) and products: nothing to make again.
+    assert cheap(_train_graph().train_graph, into_products=False) == []
 
 
 def test_the_report_line():

@@ -29,7 +29,7 @@ from sexpgpu.ir.dtypes import DType, numpy_dtype
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.printer import format_graph
-from sexpgpu.ir.recompute import Recomputation, fit
+from sexpgpu.ir.recompute import Recomputation, cheap, fit, recompute_graph
 from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
@@ -123,6 +123,8 @@ class Planner:
         self.torch = device.torch
         self.first = self.torch.device(device.first)
         self._stacks: dict[int, Graph] = {}
+        # Per degree: the graph with its cheap values made again, and how many (`_base`).
+        self._cheap: dict[int, tuple[Graph, int]] = {}
         self._recompute: dict[int, Recomputation] = {}  # per degree, where nothing fits without
         # (id(graph), whether its call is the whole step) -> (graph, live set)
         self._live: dict[tuple[int, bool], tuple[Graph, tuple[int, Any]]] = {}
@@ -198,9 +200,12 @@ class Planner:
         compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
         recompute = self._recompute.get(degree)
         compiled = self.compiled
-        if recompute is not None and degree == 1:  # op by op too
-            compiled = compiled.with_train_graph(recompute.graph)
+        if degree == 1 and self._graph(1) is not compiled.train_graph:  # op by op too
+            compiled = compiled.with_train_graph(self._graph(1))
         schedule = _lowering_lines(compiled.train_graph, self.first)
+        made = self._cheap.get(degree, (None, 0))[1]
+        if recompute is None and made:
+            schedule.insert(0, _cheap_line(made))
         return CudaPlan(
             compiled=compiled,
             memory=memory_plan,
@@ -243,7 +248,7 @@ class Planner:
     def _graph(self, degree: int) -> Graph:
         """The training graph a call at `degree` runs: stacked, recomputing where chosen."""
         recompute = self._recompute.get(degree)
-        return self._stacked(degree) if recompute is None else recompute.graph
+        return self._base(degree) if recompute is None else recompute.graph
 
     def _parts(
         self,
@@ -291,6 +296,19 @@ class Planner:
             self._stacks[degree] = stack_microbatches(self.compiled.train_graph, degree)
         return self._stacks[degree]
 
+    def _base(self, degree: int) -> Graph:
+        """`_stacked`, its cheap values made again in the backward where the device fuses.
+
+        The fused kernels that read them make them (`sexpgpu.ir.recompute.cheap`).
+        Recomputation to fit starts from the stacked graph itself: its
+        checkpointing makes those values again with their segments anyway.
+        """
+        if degree not in self._cheap:
+            graph = self._stacked(degree)
+            roots = cheap(graph, into_products=False) if self.device.fuse else []
+            self._cheap[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
+        return self._cheap[degree][0]
+
     def _numbers(self, degree: int) -> tuple[int, int, int]:
         """(live set bytes, products' FLOPs, nodes) of the training graph a call at `degree` runs.
 
@@ -303,7 +321,7 @@ class Planner:
         if degree in self._known:
             return self._known[degree]
         if degree not in self._computed:
-            graph = self._stacked(degree)
+            graph = self._base(degree)
             self._computed[degree] = (
                 self._live_set(degree)[0],
                 matmul_flops(graph),
@@ -512,6 +530,13 @@ def _update_scratch(optimizer: str, compiled: CompiledRun) -> int:
 
     shapes = [tuple(info.shape) for info in compiled.params.values()]
     return scratch_bytes(optimizer, ("triton", "torch"), shapes)
+
+
+def _cheap_line(values: int) -> str:
+    return (
+        f"made again in the backward: {values} elementwise values of kept inputs "
+        "(in the kernels that read them)"
+    )
 
 
 def _lowering_lines(graph: Graph, device: Any) -> list[str]:

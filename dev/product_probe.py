@@ -1,11 +1,12 @@
-"""GPT-2 small's products at batch 16: PyTorch's ``mm`` against cuBLASLt as sexpgpu calls it.
+"""A training step's products: PyTorch's ``mm`` against cuBLASLt as sexpgpu calls it.
 
     python3 dev/product_probe.py [--rows 16384] [--lt-workspace BYTES]
+    python3 dev/product_probe.py --layouts [--width 4096 --ffn 10944 --kv 1024]
 
-For each product of a training step (forward, the inputs' gradients, the
-weights' gradients; bf16, the operands laid out as the traced step has
-them), `triton.testing.do_bench` of: ``torch.mm`` (then, for a weight
-gradient, its cast into an f32 buffer, as the step did before
+For each product of a GPT-2 small training step (forward, the inputs'
+gradients, the weights' gradients; bf16, the operands laid out as the traced
+step has them), `triton.testing.do_bench` of: ``torch.mm`` (then, for a
+weight gradient, its cast into an f32 buffer, as the step did before
 `products_into_sums`); `cublaslt.matmul` without an epilogue (its
 reduction schemes limited as `sexpgpu.devices.cuda.cublaslt` sets them);
 and ``sexpgpu::mm_into`` writing f32. Also how many memsets one call of
@@ -13,6 +14,13 @@ each launches (torch.profiler), since a CUDA graph replays each as a node
 of its own. `--lt-workspace` sets the workspace sexpgpu's cuBLASLt calls
 offer (PyTorch's own is set by ``CUBLAS_WORKSPACE_CONFIG`` and
 ``CUBLASLT_WORKSPACE_SIZE``).
+
+`--layouts` instead times a Llama block's products (width, SwiGLU width,
+key/value width) in both layouts: sexpgpu's (a weight stored ``[in out]``:
+``x W``, ``dy W^T``, ``x^T dy`` written in f32 by ``mm_into``) and a
+``torch.nn.Linear``'s (``[out in]``: ``x W^T``, ``dy W``, ``dy^T x`` in
+bf16, then cast into an f32 buffer), with each one's TFLOP/s: whether
+the same product runs slower in one layout.
 """
 
 import argparse
@@ -26,6 +34,10 @@ from sexpgpu.devices.cuda import cublaslt, sum_products  # noqa: F401  (register
 parser = argparse.ArgumentParser()
 parser.add_argument("--rows", type=int, default=16384)
 parser.add_argument("--lt-workspace", type=int, default=cublaslt.WORKSPACE)
+parser.add_argument("--layouts", action="store_true", help="a Llama block's, in both layouts")
+parser.add_argument("--width", type=int, default=4096)
+parser.add_argument("--ffn", type=int, default=10944)
+parser.add_argument("--kv", type=int, default=1024)
 args = parser.parse_args()
 cublaslt.WORKSPACE = args.lt_workspace
 r, w, v = args.rows, 768, 50304
@@ -82,6 +94,38 @@ def probe(name: str, a: torch.Tensor, b: torch.Tensor, weight: bool) -> None:
     print(f"{name:28s} {row[0]:>14s} {row[1]:>14s} {row[2]:>14s}  {rate:6.0f}")
 
 
-print(f"{'product':28s} {'torch.mm':>14s} {'cuBLASLt':>14s} {'mm_into f32':>14s}  TFLOP/s (mm)")
-for name, (a, b, weight) in cases.items():
-    probe(name, a, b, weight)
+def layouts() -> None:
+    """Each product of a Llama block in sexpgpu's layout and in nn.Linear's, TFLOP/s each."""
+    d, f = args.width, args.ffn
+    print(f"{'product':22s} {'sexpgpu us':>11s} {'TF/s':>5s} {'Linear us':>11s} {'TF/s':>5s}")
+    for name, (i, o) in {
+        "q, o": (d, d),
+        "k, v": (d, args.kv),
+        "gate, up": (d, f),
+        "down": (f, d),
+    }.items():
+        x, dy = rand(r, i), rand(r, o)
+        ours, theirs = rand(i, o), rand(o, i)  # [in out] and Linear's [out in]
+        grad = torch.zeros(i, o, device="cuda")
+        grad_t = torch.zeros(o, i, device="cuda")
+        flops = 2 * r * i * o
+        pairs = {
+            "forward": (lambda: torch.mm(x, ours), lambda: torch.mm(x, theirs.t())),
+            "input gradient": (lambda: torch.mm(dy, ours.t()), lambda: torch.mm(dy, theirs)),
+            "weight gradient": (
+                lambda: torch.ops.sexpgpu.mm_into(x.t(), dy, grad, False),
+                lambda: grad_t.copy_(torch.mm(dy.t(), x)),
+            ),
+        }
+        for kind, (a, b) in pairs.items():
+            ta, tb = do_bench(a, warmup=25, rep=100), do_bench(b, warmup=25, rep=100)
+            print(f"{name + ' ' + kind:22s} {ta * 1e3:11.1f} {flops / ta / 1e9:5.0f} "
+                  f"{tb * 1e3:11.1f} {flops / tb / 1e9:5.0f}")  # fmt: skip
+
+
+if args.layouts:
+    layouts()
+else:
+    print(f"{'product':28s} {'torch.mm':>14s} {'cuBLASLt':>14s} {'mm_into f32':>14s}  TFLOP/s (mm)")
+    for name, (a, b, weight) in cases.items():
+        probe(name, a, b, weight)

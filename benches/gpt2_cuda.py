@@ -323,7 +323,7 @@ def table(rows: list[dict], batches: list[int], label: str = "") -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for batch in batches:
         mine = [r for r in rows if r["batch"] == batch and "tokens_per_s" in r]
-        peers = [r["tokens_per_s"] for r in mine if r["side"] != "sexpgpu"]
+        peers = [r["tokens_per_s"] for r in mine if not r["side"].startswith("sexpgpu")]
         best = max(peers, default=float("nan"))
         for r in mine:
             plan = r.get("planned_bytes")

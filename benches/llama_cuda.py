@@ -23,7 +23,10 @@ Reported per side: tokens per second (the median step after ``--warmup``),
 MFU against the bf16 matmul rate measured in the same run, the first step's
 latency from the process's start, the allocator's peak, and for sexpgpu
 its memory plan (the ``plan GiB`` column; ``memory`` in the JSON line says
-peak against plan).
+peak against plan). The side ``sexpgpu-products`` is sexpgpu with the
+cheap values that products read made again in the backward too (as
+PyTorch's partitioner does; docs/ir.md, "Cheap values, always"): less
+memory, a pass more per value.
 
     python benches/llama_cuda.py                           # both shapes, every side
     python benches/llama_cuda.py --shapes 124m --sides sexpgpu compile
@@ -109,7 +112,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--shapes", nargs="+", default=["tinyllama", "124m"], choices=SHAPES)
     parser.add_argument("--batches", type=int, nargs="+", help="instead of the shape's")
     parser.add_argument("--dtype", default="bf16", choices=["bf16"])
-    sides = ["sexpgpu", "eager", "compile", "reduce-overhead"]
+    sides = ["sexpgpu", "sexpgpu-products", "eager", "compile", "reduce-overhead"]
     parser.add_argument("--sides", nargs="+", default=sides, choices=sides)
     parser.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU")
     # One side of one shape, in a child process.
@@ -122,14 +125,20 @@ def _arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if args.smoke:
         args.shapes, args.steps, args.warmup = ["smoke"], 3, 1
-        args.device, args.sides = "cpu", ["sexpgpu", "eager"]
+        args.device, args.sides = "cpu", ["sexpgpu", "sexpgpu-products", "eager"]
     return args
 
 
 def main() -> None:
     args = _arguments()
     if args.side:
-        print("RESULT " + json.dumps(one_side(args, LLAMA, llama_step)), flush=True)
+        side = args.side
+        if side == "sexpgpu-products":  # the products' inputs made again too
+            from sexpgpu.devices.cuda import planner
+
+            planner.CHEAP_INTO_PRODUCTS, args.side = True, "sexpgpu"
+        result = {**one_side(args, LLAMA, llama_step), "side": side}
+        print("RESULT " + json.dumps(result), flush=True)
         return
     rate = matmul_rate(args.device)
     print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s")

@@ -37,7 +37,7 @@ for part in $parts; do
     done ;;
   bench124)
     timeout 590 python3 benches/llama_cuda.py --shapes 124m --timeout 200 \
-      --sides ${SIDES:-sexpgpu compile reduce-overhead} > "$OUT/bench_llama_124m.log" 2>&1
+      --sides ${SIDES:-sexpgpu sexpgpu-products compile reduce-overhead} > "$OUT/bench_llama_124m.log" 2>&1
     tail -12 "$OUT/bench_llama_124m.log" ;;
   benchtiny)
     timeout 590 python3 benches/llama_cuda.py --shapes tinyllama --timeout 190 \

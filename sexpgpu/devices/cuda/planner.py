@@ -108,6 +108,9 @@ class CudaPlan:
 
 # How many times a plan whose compiled step does not fit recomputes more before E-MEM-001.
 _REFITS = 2
+# Whether the cheap values a product reads are made again too (`recompute.cheap`): less
+# memory, a pass more each; benches/llama_cuda.py's side `sexpgpu-products` measures it.
+CHEAP_INTO_PRODUCTS = False
 
 
 class Planner:
@@ -305,7 +308,7 @@ class Planner:
         """
         if degree not in self._cheap:
             graph = self._stacked(degree)
-            roots = cheap(graph, into_products=False) if self.device.fuse else []
+            roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS) if self.device.fuse else []
             self._cheap[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
         return self._cheap[degree][0]
 

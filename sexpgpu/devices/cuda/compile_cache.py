@@ -215,10 +215,16 @@ def _texts(values: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _device_facts(device: Any) -> dict[str, Any]:
-    """The device as the trace sees it: its index too (the graph's calls name it)."""
+    """The device as the trace sees it: its index too (the graph's calls name it).
+
+    On the CPU, the vector instructions it has (``AVX512``): Inductor's C++
+    is built for them, and a step's code is loaded without Inductor asking.
+    """
     import torch
 
     facts: dict[str, Any] = {"device": str(device), "machine": platform.machine()}
+    if device.type == "cpu":
+        facts["vectors"] = torch.backends.cpu.get_cpu_capability()
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         facts["name"] = torch.cuda.get_device_name(index)

@@ -392,6 +392,24 @@ def test_a_key_that_finds_nothing_is_compiled_and_noted_again(tmp_path: Path, mo
 
 
 @NEEDS_CXX
+def test_a_load_by_key_that_fails_is_logged_and_compiled(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, _ = _run(tmp_path, "first")
+
+    def another_layout(*args: Any, **kwargs: Any) -> None:
+        raise AttributeError("no such field")
+
+    monkeypatch.setattr(AOTAutogradCache, "_lookup", staticmethod(another_layout))
+    again, (line,) = _run(tmp_path, "again")
+    assert "did not load by its key (AttributeError: no such field)" in caplog.text
+    assert "traced before" not in line and again == first  # Inductor's FX graph cache served it
+
+
+@NEEDS_CXX
 def test_damaged_inductor_files_are_compiled_again_then_loaded_by_key(
     tmp_path: Path, monkeypatch
 ) -> None:

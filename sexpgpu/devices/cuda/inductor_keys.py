@@ -107,19 +107,19 @@ def load_by_key(key: str, graph: Any, options: dict[str, Any]) -> KeyedCall | No
     Loading starts no pool of compile processes: each kernel is found
     compiled (were one not, it would compile here).
     """
-    import torch
-    import torch._inductor.async_compile  # the loaded code reads it as an attribute
-    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
-    from torch._inductor.cudagraph_utils import BoxedDeviceIndex
-    from torch._inductor.utils import BoxedBool
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     try:
+        import torch
+        import torch._inductor.async_compile  # the loaded code reads it as an attribute
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        from torch._inductor.cudagraph_utils import BoxedDeviceIndex
+        from torch._inductor.utils import BoxedBool
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
         found = AOTAutogradCache._lookup(
             key, local=True, remote=False, args=[], cache_info={}, aot_config=None
         )
-        if found is None:
+        if found is None:  # not there, or unreadable (AOTAutograd logs which)
             return None
         entry = found[0]
         fx_config = {
@@ -131,6 +131,10 @@ def load_by_key(key: str, graph: Any, options: dict[str, Any]) -> KeyedCall | No
         with torch._inductor.config.patch(threads), torch._guards.tracing(context):
             compiled = entry.wrap_post_compile([], entry.sanitized_aot_config, fx_config)
         return KeyedCall(compiled, graph)
-    except Exception as error:  # a missing or stale entry, or another PyTorch's layout
-        log.debug("AOTAutograd entry %s did not load: %s", key, error)
+    except Exception as error:  # Inductor's code gone from under its entry; another PyTorch
+        log.warning(
+            "compile cache: a graph did not load by its key (%s: %s); compiled from its graph",
+            type(error).__name__,
+            error,
+        )
         return None

@@ -51,8 +51,11 @@ def noting_key() -> Iterator[Noted]:
         return
     with fresh:
         yield noted
-        records = getattr(CacheArtifactManager, "_new_cache_artifacts", {})
-        keys = {a.key for a in records.get("aot_autograd", ())}
+        try:  # {kind: [artifact]} in PyTorch 2.7 to 2.13
+            records = CacheArtifactManager._new_cache_artifacts["aot_autograd"]
+            keys = {record.key for record in records}
+        except (AttributeError, KeyError, TypeError):
+            keys = set()
         noted.key = keys.pop() if len(keys) == 1 else None
 
 
@@ -121,7 +124,8 @@ def load_by_key(key: str, graph: Any, options: dict[str, Any]) -> KeyedCall | No
         )
         if found is None:  # not there, or unreadable (AOTAutograd logs which)
             return None
-        entry = found[0]
+        # (entry, its pickle) in PyTorch 2.13; the entry alone in earlier versions.
+        entry = found[0] if isinstance(found, tuple) else found
         fx_config = {
             "cudagraphs": BoxedBool(False),
             "boxed_forward_device_index": BoxedDeviceIndex(0),

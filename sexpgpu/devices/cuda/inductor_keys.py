@@ -10,9 +10,10 @@ libraries' versions), so the cache entry notes each graph's AOTAutograd key
 when it is compiled (`noting_key`), and a later run loads the graph's code
 by it (`load_by_key`), as Inductor's `CompiledArtifact.load` does.
 
-Both use PyTorch's private names (they exist in 2.11 and 2.13); where one
-is missing or a load fails, the key is None or the load returns None, and
-the caller compiles the graph as before (a hit in Inductor's cache).
+Both use PyTorch's private names, those Inductor's own `CompiledArtifact`
+uses (in 2.13, and alike in an earlier release); where one is missing or
+a load fails, the key is None or the load returns None (and says why),
+and the caller compiles the graph as before (a hit in Inductor's cache).
 """
 
 from __future__ import annotations

@@ -139,6 +139,18 @@ def test_the_key_names_graph_sums_options_settings_and_device() -> None:
     assert len({base, *others}) == len(others) + 1
 
 
+def test_the_key_names_the_compilers_settings_in_the_environment(monkeypatch) -> None:
+    def key() -> str:
+        return step_key("g", torch.device("cpu"), sums=(), options={}, settings={})
+
+    base = key()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")  # where, not what
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "3")
+    assert key() == base
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")  # what is compiled
+    assert key() != base
+
+
 def test_the_plan_key_names_both_graphs_degrees_settings_and_device() -> None:
     cpu = torch.device("cpu")
 
@@ -343,6 +355,78 @@ def test_a_damaged_entry_or_a_lost_kernel_is_compiled_again(tmp_path: Path, monk
     third, (line,) = _run(tmp_path, "third")
     assert "traced before" in line and not line.endswith("(cached)")
     assert third == first
+
+
+def _entry(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    (path,) = (tmp_path / "cache" / "steps").glob("*.step")
+    return path, StepCache(tmp_path / "cache").load(path.stem)
+
+
+def _compiled_here(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("a graph was compiled, not loaded by its key")
+
+
+@NEEDS_CXX
+def test_a_second_run_loads_each_graph_by_its_key(tmp_path: Path, monkeypatch) -> None:
+    from sexpgpu.devices.cuda import fused
+
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, _ = _run(tmp_path, "first")
+    _, entry = _entry(tmp_path)
+    assert len(entry["keys"]) == 1 and all(entry["keys"])
+    monkeypatch.setattr(fused, "compile_part", _compiled_here)
+    second, (line,) = _run(tmp_path, "second")
+    assert line.endswith("(cached)") and second == first
+
+
+@NEEDS_CXX
+def test_a_key_that_finds_nothing_is_compiled_and_noted_again(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, _ = _run(tmp_path, "first")
+    path, entry = _entry(tmp_path)
+    for stale in ([None], ["0" * 52]):  # an entry of before the keys; a key of nothing
+        StepCache(tmp_path / "cache").save(path.stem, {**entry, "keys": stale})
+        again, (line,) = _run(tmp_path, f"again-{stale[0]}")
+        assert line.endswith("(cached)") and again == first  # Inductor's cache served it
+        assert _entry(tmp_path)[1]["keys"] == entry["keys"]  # noted again
+
+
+@NEEDS_CXX
+def test_a_load_by_key_that_fails_is_logged_and_compiled(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, _ = _run(tmp_path, "first")
+
+    def another_layout(*args: Any, **kwargs: Any) -> None:
+        raise AttributeError("no such field")
+
+    monkeypatch.setattr(AOTAutogradCache, "_lookup", staticmethod(another_layout))
+    again, (line,) = _run(tmp_path, "again")
+    assert "did not load by its key (AttributeError: no such field)" in caplog.text
+    assert "traced before" not in line and again == first  # Inductor's FX graph cache served it
+
+
+@NEEDS_CXX
+def test_damaged_inductor_files_are_compiled_again_then_loaded_by_key(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from sexpgpu.devices.cuda import fused
+
+    monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
+    first, _ = _run(tmp_path, "first")
+    for name in ("aotautograd", "fxgraph"):
+        for path in (tmp_path / "cache" / "inductor" / name).rglob("*"):
+            if path.is_file():
+                path.write_bytes(os.urandom(64))
+    again, (line,) = _run(tmp_path, "again")
+    assert "traced before" in line and not line.endswith("(cached)")
+    assert again == first
+    monkeypatch.setattr(fused, "compile_part", _compiled_here)
+    third, (line,) = _run(tmp_path, "third")
+    assert line.endswith("(cached)") and third == first
 
 
 @NEEDS_CXX

@@ -330,6 +330,40 @@ def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path)
         pool.close()
 
 
+def test_a_step_in_parts_loads_from_the_cache_by_its_keys_and_sums_alike(monkeypatch, tmp_path):
+    from sexpgpu.devices.cuda import fused as fused_module
+    from sexpgpu.devices.cuda import parallel_compile
+    from sexpgpu.devices.cuda.compile_cache import StepCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 10)
+    compiled = _compiled("mlp")
+    graph = compiled.train_graph
+    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    examples = {**_feeds(graph, 1), **params}
+    cache, sums = StepCache(tmp_path / "cache"), list(graph.outputs)
+    pool = parallel_compile.CompilePool(2)
+    try:
+        cold = FusedGraph(graph, "cpu", sums=sums, examples=examples, pool=pool, cache=cache)
+    finally:
+        pool.close()
+
+    def compiled_here(*args, **kwargs):
+        raise AssertionError("a part was compiled, not loaded by its key")
+
+    monkeypatch.setattr(fused_module, "compile_part", compiled_here)
+    warm = FusedGraph(graph, "cpu", sums=sums, examples=examples, cache=cache)
+    assert cold.parts == warm.parts == 2 and warm.cached
+    assert [k.name for k in warm.kernels] == [k.name for k in cold.kernels]
+    a, b = cold.zero_buffers(), warm.zero_buffers()
+    for seed in (1, 2):
+        batch = {**_feeds(graph, seed), **params}
+        cold(batch, a, zeros=seed == 1)
+        warm(batch, b, zeros=seed == 1)
+    for name in sums:
+        np.testing.assert_array_equal(a[name].numpy(), b[name].numpy())
+
+
 def test_the_pool_leaves_jobs_past_its_workers_and_its_time_to_the_caller(monkeypatch):
     from sexpgpu.devices.cuda import parallel_compile
 

@@ -8,17 +8,21 @@ in one folder (`sexpgpu.runtime.config.cache_dir`: ``$XDG_CACHE_HOME/sexpgpu``,
 - ``steps/<key>.step``: our entry for a traced step (`StepCache`): the
   rewritten aten graph as `sexpgpu.devices.cuda.compile_worker.pack_graph`
   bytes (or the split step's parts and how they connect), its inputs'
-  metadata, and what the trace decided (parameters read from bf16 copies,
-  the kernels' IR nodes). A run that finds it skips the trace;
+  metadata, each graph's key in AOTAutograd's cache, and what the trace
+  decided (parameters read from bf16 copies, the kernels' IR nodes). A run
+  that finds it skips the trace;
 - ``plans/<key>.plan``: what planning derived from the training graph at
   each stacking degree (`plan_key`; `sexpgpu.devices.cuda.planner`): its
   live set, products' FLOPs and node count. A run that finds it stacks and
   schedules only the degree it chooses;
 - ``inductor/`` and ``triton/``: Inductor's FX graph and AOTAutograd
   caches and Triton's kernels (``TORCHINDUCTOR_CACHE_DIR`` and
-  ``TRITON_CACHE_DIR``, pointed here when the device opens). Compiling the
-  entry's graph again is a hit there: the generated code is loaded, not
-  generated.
+  ``TRITON_CACHE_DIR``, pointed here when the device opens). The entry's
+  graphs are loaded from there by their keys
+  (`sexpgpu.devices.cuda.inductor_keys`): the generated code is loaded,
+  not generated, and its key is not computed again. A graph whose key finds
+  nothing is compiled from the entry's graph (a hit there where Inductor
+  still holds its code), and its key noted anew.
 
 The key (`step_key`) is a digest of what the trace depends on: the graph's
 text after the variant and stacking (no spans), its outputs summed and how,
@@ -176,11 +180,34 @@ def plan_key(
 
 
 def _digest(material: Mapping[str, Any], device: Any, settings: Mapping[str, Any]) -> str:
-    """A key of `material`, the device, the process's settings and the libraries' versions
-    (sexpgpu's sources too)."""
-    facts = {"device": _device_facts(device), "versions": _versions()}
+    """A key of `material`, the device, the process's settings, the libraries' versions
+    (sexpgpu's sources too) and the environment's settings of the compilers."""
+    facts = {"device": _device_facts(device), "versions": _versions(), "env": _compiler_env()}
     text = json.dumps({**material, **facts, "settings": _texts(settings)}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+# The compilers' variables that say where their files go, or how many processes compile.
+_WHERE_OR_HOW_FAST = {
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_COMPILE_THREADS",
+}
+
+
+def _compiler_env() -> dict[str, str]:
+    """Inductor's and Triton's settings from the environment (``TORCHINDUCTOR_MAX_AUTOTUNE``...).
+
+    They change the code compiled: a step's code is loaded by its key in
+    AOTAutograd's cache without that key being computed again
+    (`sexpgpu.devices.cuda.inductor_keys`), so this key must differ instead.
+    """
+    prefixes = ("TORCHINDUCTOR_", "TORCH_COMPILE_", "TRITON_")
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(prefixes) and k not in _WHERE_OR_HOW_FAST
+    }
 
 
 def _texts(values: Mapping[str, Any]) -> dict[str, str]:
@@ -188,10 +215,16 @@ def _texts(values: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _device_facts(device: Any) -> dict[str, Any]:
-    """The device as the trace sees it: its index too (the graph's calls name it)."""
+    """The device as the trace sees it: its index too (the graph's calls name it).
+
+    On the CPU, the vector instructions it has (``AVX512``): Inductor's C++
+    is built for them, and a step's code is loaded without Inductor asking.
+    """
     import torch
 
     facts: dict[str, Any] = {"device": str(device), "machine": platform.machine()}
+    if device.type == "cpu":
+        facts["vectors"] = torch.backends.cpu.get_cpu_capability()
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         facts["name"] = torch.cuda.get_device_name(index)

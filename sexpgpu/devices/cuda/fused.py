@@ -24,8 +24,9 @@ The way through, once per graph (decided by measurement, docs/devices.md):
    calls cuBLAS and SDPA for the rest; with a pool of compile workers, in a
    few parts at once (`sexpgpu.devices.cuda.parallel_compile`). What the
    trace made is kept in the compile cache (`sexpgpu.devices.cuda.compile_cache`):
-   a later run of the same step skips steps 1 to 3 and finds Inductor's
-   code in its cache, and the report says ``(cached)``.
+   a later run of the same step skips steps 1 to 3 and loads Inductor's
+   code by the AOTAutograd key the entry notes
+   (`sexpgpu.devices.cuda.inductor_keys`), and the report says ``(cached)``.
 5. **capture**: on a GPU the second call is captured as a CUDA graph over
    static input buffers, and every later call copies its batch in and
    replays it: one launch for the whole call.
@@ -66,6 +67,7 @@ from sexpgpu.devices.cuda.fx_rewrites import (
     param_casts_to_inputs,
     products_into_sums,
 )
+from sexpgpu.devices.cuda.inductor_keys import load_by_key, noting_key
 from sexpgpu.devices.cuda.lowering import ids_checked_by_caller
 from sexpgpu.devices.cuda.parallel_compile import CompilePool, PartedCall, split
 from sexpgpu.devices.cuda.param_copies import ParamCopies
@@ -288,7 +290,9 @@ class FusedGraph:
             if entry is not None:
                 loaded = self._load(entry, options)
                 if loaded is not None:
-                    return loaded
+                    if loaded[1] != entry.get("keys"):  # graphs compiled again, or keys not noted
+                        cache.save(key, {**entry, "keys": loaded[1]})
+                    return loaded[0]
         if self._pool is not None:
             self._pool.start()  # their imports overlap the trace
         began = time.perf_counter()
@@ -352,9 +356,11 @@ class FusedGraph:
         # cache: so that run meets this one's entry in Inductor's cache.
         packed = pack_graph(gm)
         inputs = input_metadata(gm)
-        compiled = compile_part(unpack_graph(packed), inputs, str(self.device), options)
+        with noting_key() as noted:
+            compiled = compile_part(unpack_graph(packed), inputs, str(self.device), options)
         self.kernels = self._kernel_map(compiled)
-        return compiled, {"graphs": [(packed, inputs)], "parent": None, "names": []}
+        kept = {"graphs": [(packed, inputs)], "keys": [noted.key], "parent": None, "names": []}
+        return compiled, kept
 
     def _compile_parts(
         self, gm: torch.fx.GraphModule, options: dict
@@ -379,7 +385,7 @@ class FusedGraph:
             }
             for p in parts.values()
         ]
-        compiled, by_part = {}, {}
+        compiled, by_part, keys = {}, {}, {}
         names = list(parts)
         ended = self._pool.compile(jobs)
         warm_up(device, options)  # meanwhile, this process's first compile's set-up
@@ -389,13 +395,20 @@ class FusedGraph:
             if failed:
                 log.debug("compile worker: %s not compiled (%s); compiled here", names[i], failed)
             graph = unpack_graph(jobs[i]["graph"])
-            compiled[names[i]] = compile_part(graph, jobs[i]["inputs"], device, options)
+            with noting_key() as noted:
+                compiled[names[i]] = compile_part(graph, jobs[i]["inputs"], device, options)
+            keys[i] = noted.key
             by_part[i] = self._kernel_map(compiled[names[i]])
         self.kernels = [k for i in range(len(names)) for k in by_part[i]]
         self.parts = len(parts)
         self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
         graphs = [(job["graph"], job["inputs"]) for job in jobs]
-        kept = {"graphs": graphs, "parent": pack_graph(parent), "names": names}
+        kept = {
+            "graphs": graphs,
+            "keys": [keys[i] for i in range(len(names))],
+            "parent": pack_graph(parent),
+            "names": names,
+        }
         return PartedCall(parent, compiled), kept
 
     def _entry(self, graphs: dict[str, Any]) -> dict[str, Any]:
@@ -406,26 +419,39 @@ class FusedGraph:
         read = {"copied": self.copied, "copies_only": self.copies_only}
         return {**graphs, **read, "kernels": kernels, "rewrites": rewrites}
 
-    def _load(self, entry: dict[str, Any], options: dict) -> Any | None:
-        """The step compiled from a cache entry (Inductor's cache serves the code), or None.
+    def _load(self, entry: dict[str, Any], options: dict) -> tuple[Any, list] | None:
+        """The step loaded from a cache entry, and its graphs' AOTAutograd keys; or None.
 
-        None where the entry does not fit this graph or Inductor fails on it:
-        the caller then traces and compiles as if there were none.
+        Each graph's code is loaded by the key its entry notes
+        (`sexpgpu.devices.cuda.inductor_keys`); a graph whose key is missing
+        or finds nothing is compiled from the saved graph (where Inductor's
+        cache serves it, a load too), and its key noted anew. None where the
+        entry does not fit this graph or Inductor fails on it: the caller
+        then traces and compiles as if there were none.
         """
         from torch._dynamo.utils import counters
 
         began = time.perf_counter()
         device = str(self.device)
-        hits = counters["inductor"]["fxgraph_cache_hit"]
         try:
             order = self.eager.order
             kernels = [
                 Kernel(n, [order[i] for i in nodes], sums) for n, nodes, sums in entry["kernels"]
             ]
-            compiled = [
-                compile_part(unpack_graph(graph), inputs, device, options)
-                for graph, inputs in entry["graphs"]
-            ]
+            keys = list(entry.get("keys") or [None] * len(entry["graphs"]))
+            compiled, cached = [], 0
+            for i, (graph, inputs) in enumerate(entry["graphs"]):
+                gm = unpack_graph(graph)
+                loaded = load_by_key(keys[i], gm, options) if keys[i] is not None else None
+                if loaded is None:
+                    hits = counters["inductor"]["fxgraph_cache_hit"]
+                    with noting_key() as noted:
+                        loaded = compile_part(gm, inputs, device, options)
+                    keys[i] = noted.key
+                    cached += counters["inductor"]["fxgraph_cache_hit"] > hits
+                else:
+                    cached += 1
+                compiled.append(loaded)
             copies_only = list(entry["copies_only"])
             if entry["parent"] is not None:
                 call = PartedCall(
@@ -440,12 +466,12 @@ class FusedGraph:
         self.copied, self.copies_only = list(entry["copied"]), copies_only
         self.gelu_products, self.sum_products = entry["rewrites"]
         self.parts = len(compiled)
-        self.parts_cached = counters["inductor"]["fxgraph_cache_hit"] - hits
-        # Cached where Inductor's cache served every graph (it compiles any it lacks).
+        self.parts_cached = cached
+        # Cached where every graph's code was found compiled (a missing one compiles).
         self.cached = self.parts_cached == self.parts
         self.traced_before = True
         self.seconds = (0.0, time.perf_counter() - began)
-        return call
+        return call, keys
 
     def _name_after_ir(self, gm: torch.fx.GraphModule) -> None:
         """Name each aten call ``ir<position>__<name>`` after the IR node whose lowering made it.

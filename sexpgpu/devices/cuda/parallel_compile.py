@@ -270,8 +270,12 @@ def boxed(compiled: Callable) -> Callable[[list], Any]:
     schedule the plan counted does. The boxed function is AOTAutograd's
     inner one, behind the wrappers ``torch._inductor.compile`` returns; where
     a version of PyTorch hides it, the call holds its inputs (the test of
-    `PartedCall`'s memory says so).
+    `PartedCall`'s memory says so). Code loaded by its AOTAutograd key
+    (`sexpgpu.devices.cuda.inductor_keys.KeyedCall`) is called boxed as it is.
     """
+    call_boxed = getattr(compiled, "call_boxed", None)
+    if call_boxed is not None:
+        return call_boxed
     fn: Any = compiled
     while fn is not None:
         code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)

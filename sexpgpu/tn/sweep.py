@@ -136,14 +136,18 @@ def _left_to_right(
 ) -> None:
     """Build and store this rank's columns of ``C_1 .. C_{n-1}``; keep the resident cores."""
     stack, plan = job.stack, job.plan
-    lo, hi = plan.blocks[ctx.rank]
-    cols, k = hi - lo, len(stack.layers)
-    env = xp.ones((cols,) + (1,) * k, job.work)
+    lo, _hi = plan.blocks[ctx.rank]
+    read = _columns_read(job, ctx.rank)
+    k = len(stack.layers)
+    env = xp.ones((read[1],) + (1,) * k, job.work)
     # No result leaves the device before the pass ends: its NaN checks are read then.
     feed = site_feed(ctx, xp, stack, range(stack.n_sites - 1), job.work, defer_checks=True)
     for j, cores in feed:
         up, down = cores[0].shape[2], cores[-1].shape[3]
-        omega = job.sketches.take(j, up, down)[lo:hi]
+        # C_{j+1}'s columns that a right-to-left site reads; each column is its own chain
+        cols = read[j + 1]
+        env = env[:cols]
+        omega = job.sketches.take(j, up, down)[lo : lo + cols]
         omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)
 
         def per_piece(piece: tuple[Array, Array], cores: list[Array] = cores) -> Array:
@@ -170,6 +174,27 @@ def _left_to_right(
             resident[j] = cores
         del cores, omega, per_piece
         logger.debug("rank %d: left-to-right: site %d of %d", ctx.rank, j + 1, stack.n_sites - 1)
+
+
+def _columns_read(job: SweepJob, rank: int) -> list[int]:
+    """How many of this rank's columns of each ``C_j`` the right-to-left pass reads.
+
+    Site ``j`` reads the first `_sketch_width` columns of ``C_j``, and column
+    ``c`` of ``C_{j+1}`` is made from column ``c`` of ``C_j`` alone (the
+    Khatri-Rao sketch), so ``C_j`` needs the widest of the widths of sites
+    ``j`` to ``n - 1``. Near the right end, where the cut ranks fall below the
+    sketch size, the left-to-right pass makes no more than those: the last
+    sites' products shrink with them (bonds 64, 16, 4 at the right end of a
+    bond-100 MPO of physical dimension 4). Index ``j`` for ``C_j``; index 0
+    is unused.
+    """
+    caps, n = job.stack.cut_ranks, job.stack.n_sites
+    read = [0] * n
+    widest = 0
+    for j in range(n - 1, 0, -1):
+        widest = max(widest, _sketch_width(job, rank, caps[j - 1]))
+        read[j] = widest
+    return read
 
 
 def _sketch_width(job: SweepJob, rank: int, cap: int) -> int:

@@ -9,6 +9,7 @@ import pytest
 from tn_helpers import EXACT_TOL, dense, dense_stack, make_stack, rel_error, ttsvd_error
 
 from sexpgpu.tn import apply, compress, src
+from sexpgpu.tn.trains import normalize_stack
 
 # Every stack shape: S an MPS, O an MPO, in mathematical order.
 SHAPES = ["S", "O", "OS", "OO", "OOS", "SO", "SOO", "OOO"]
@@ -189,3 +190,32 @@ def test_capped_cuts_take_their_basis_from_qr_alone(shape, monkeypatch):
     # a cutoff reads the whole sketch's singular values, and keeps the exact product
     cut = src(*stack, chi_out=200, seed=1, cutoff=1e-14)
     assert rel_error(cut, dense_stack(stack)) < EXACT_TOL[np.complex128]
+
+
+@pytest.mark.parametrize("shape", ["OS", "OO", "SOO"])
+def test_the_first_pass_makes_only_the_columns_the_second_reads(shape, monkeypatch):
+    # chi_out above the cut ranks near the right end: the right-to-left site j
+    # reads the first cap columns of C_j, and column c of C_{j+1} comes from
+    # column c of C_j alone, so C_j needs only the widest cap of sites j..n-1.
+    from sexpgpu.tn.store import EnvironmentStore
+
+    stack = make_stack(shape, 7, np.random.default_rng(5), np.complex128)
+    rows: dict[int, int] = {}
+    real_put = EnvironmentStore.put
+
+    def put(self, j, env):
+        rows[j] = env.shape[0]
+        real_put(self, j, env)
+
+    monkeypatch.setattr(EnvironmentStore, "put", put)
+    chi = 12
+    out = src(*stack, chi_out=chi, seed=3)
+    caps = normalize_stack(stack, "src", [f"t{i}" for i in range(len(stack))]).cut_ranks
+    n = len(stack[0])
+    want = {j: max(min(chi, caps[k - 1]) for k in range(j, n)) for j in range(1, n)}
+    assert rows == want and rows[n - 1] < chi
+    monkeypatch.undo()
+    # every column is made with a cutoff, which reads the whole sketch; the product agrees
+    full = src(*stack, chi_out=chi, seed=3, cutoff=1e-300)
+    dense = dense_stack(stack)
+    assert abs(rel_error(out, dense) - rel_error(full, dense)) < 1e-8

@@ -194,9 +194,11 @@ def test_capped_cuts_take_their_basis_from_qr_alone(shape, monkeypatch):
 
 @pytest.mark.parametrize("shape", ["OS", "OO", "SOO"])
 def test_the_first_pass_makes_only_the_columns_the_second_reads(shape, monkeypatch):
-    # chi_out above the cut ranks near the right end: the right-to-left site j
-    # reads the first cap columns of C_j, and column c of C_{j+1} comes from
-    # column c of C_j alone, so C_j needs only the widest cap of sites j..n-1.
+    # chi_out above the cut ranks near the right end: a right-to-left site reads
+    # the first cap columns of C_j, and none where its basis is its whole space
+    # (the bond to its right times the physical legs within chi and the cap);
+    # column c of C_{j+1} comes from column c of C_j alone, so C_j needs the
+    # widest width of sites j..n-1.
     from sexpgpu.tn.store import EnvironmentStore
 
     stack = make_stack(shape, 7, np.random.default_rng(5), np.complex128)
@@ -210,12 +212,20 @@ def test_the_first_pass_makes_only_the_columns_the_second_reads(shape, monkeypat
     monkeypatch.setattr(EnvironmentStore, "put", put)
     chi = 12
     out = src(*stack, chi_out=chi, seed=3)
-    caps = normalize_stack(stack, "src", [f"t{i}" for i in range(len(stack))]).cut_ranks
-    n = len(stack[0])
-    want = {j: max(min(chi, caps[k - 1]) for k in range(j, n)) for j in range(1, n)}
-    assert rows == want and rows[n - 1] < chi
+    st = normalize_stack(stack, "src", [f"t{i}" for i in range(len(stack))])
+    caps, n = st.cut_ranks, st.n_sites
+    widths, bond = {}, 1
+    for j in range(n - 1, 0, -1):
+        phys = st.shapes(j)[0][2] * st.shapes(j)[-1][3]
+        whole = bond * phys <= min(chi, caps[j - 1])
+        widths[j] = 0 if whole else min(chi, caps[j - 1])
+        bond = min(bond * phys, chi, caps[j - 1])
+    want = {j: max(widths[k] for k in range(j, n)) for j in range(1, n)}
+    assert rows == {j: w for j, w in want.items() if w > 0}
+    assert want[n - 1] == 0 and rows  # the last site keeps its whole space, others sketch
     monkeypatch.undo()
-    # every column is made with a cutoff, which reads the whole sketch; the product agrees
+    # with a cutoff every site sketches with every column; the product agrees
     full = src(*stack, chi_out=chi, seed=3, cutoff=1e-300)
-    dense = dense_stack(stack)
-    assert abs(rel_error(out, dense) - rel_error(full, dense)) < 1e-8
+    dense_ref = dense_stack(stack)
+    assert abs(rel_error(out, dense_ref) - rel_error(full, dense_ref)) < 1e-8
+    np.testing.assert_allclose(dense(out), dense(full), atol=1e-10 * np.linalg.norm(dense_ref))

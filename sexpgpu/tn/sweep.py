@@ -15,7 +15,10 @@ carries the compressed right part::
                                      (CholeskyQR2 on PyTorch, checked; see `basis`)
     S_j = conj(core_j) Z_j           (c, l..)
 
-and the first core is ``Z_0`` itself. The result is right-canonical.
+and the first core is ``Z_0`` itself. The result is right-canonical. Where the
+basis would span every row of ``Z_j`` (without a cutoff it has ``min(e u d, s,
+cap)`` columns), any unitary serves: the core is the identity and ``S_j =
+Z_j``, with no sketch, QR or projection, and no ``C_j`` (the last sites).
 
 Where the plan has room (`Plan.resident`), the left-to-right pass keeps a
 site's cores on the device for the right-to-left pass, which then neither
@@ -136,14 +139,22 @@ def _left_to_right(
 ) -> None:
     """Build and store this rank's columns of ``C_1 .. C_{n-1}``; keep the resident cores."""
     stack, plan = job.stack, job.plan
-    lo, hi = plan.blocks[ctx.rank]
-    cols, k = hi - lo, len(stack.layers)
-    env = xp.ones((cols,) + (1,) * k, job.work)
+    lo, _hi = plan.blocks[ctx.rank]
+    read = _columns_read(job, ctx.rank)
+    k = len(stack.layers)
+    env = xp.ones((read[1],) + (1,) * k, job.work)
     # No result leaves the device before the pass ends: its NaN checks are read then.
     feed = site_feed(ctx, xp, stack, range(stack.n_sites - 1), job.work, defer_checks=True)
     for j, cores in feed:
         up, down = cores[0].shape[2], cores[-1].shape[3]
-        omega = job.sketches.take(j, up, down)[lo:hi]
+        # C_{j+1}'s columns that a right-to-left site reads; each column is its own chain
+        cols = read[j + 1]
+        env = env[:cols]
+        omega = job.sketches.take(j, up, down)[lo : lo + cols]
+        if j in plan.resident:
+            resident[j] = cores
+        if cols == 0:  # no site from j + 1 on reads C_{j+1}: each keeps its whole space
+            continue
         omega = xp.upload(np.ascontiguousarray(omega, dtype=job.work), non_blocking=True)
 
         def per_piece(piece: tuple[Array, Array], cores: list[Array] = cores) -> Array:
@@ -166,10 +177,46 @@ def _left_to_right(
             del part
         env = out
         store.put(j + 1, env)
-        if j in plan.resident:
-            resident[j] = cores
         del cores, omega, per_piece
         logger.debug("rank %d: left-to-right: site %d of %d", ctx.rank, j + 1, stack.n_sites - 1)
+
+
+def _columns_read(job: SweepJob, rank: int) -> list[int]:
+    """How many of this rank's columns of each ``C_j`` the right-to-left pass reads.
+
+    Site ``j`` reads the first `_sketch_width` columns of ``C_j``, none where
+    it keeps its whole space (`_keeps_whole_space`), and column ``c`` of
+    ``C_{j+1}`` is made from column ``c`` of ``C_j`` alone (the Khatri-Rao
+    sketch), so ``C_j`` needs the widest of the widths of sites ``j`` to
+    ``n - 1``: none for the last sites, which keep their whole space, and
+    fewer than the sketch where only cuts of thin bonds are left. Index ``j``
+    for ``C_j``; index 0 is unused.
+    """
+    stack, size = job.stack, job.sketches.size
+    caps, n = stack.cut_ranks, stack.n_sites
+    read = [0] * n
+    widest, bond = 0, 1  # the bond right of site j, as the right-to-left pass leaves it
+    for j in range(n - 1, 0, -1):
+        shapes = stack.shapes(j)
+        rows = bond * shapes[0][2] * shapes[-1][3]
+        if not _keeps_whole_space(job, rows, caps[j - 1]):
+            widest = max(widest, _sketch_width(job, rank, caps[j - 1]))
+        read[j] = widest
+        bond = min(rows, size, caps[j - 1])  # the basis's width without a cutoff
+    return read
+
+
+def _keeps_whole_space(job: SweepJob, rows: int, cap: int) -> bool:
+    """Whether a right-to-left site's basis is its whole space, ``rows`` wide.
+
+    Without a cutoff the basis has ``min(rows, s, cap)`` columns; where that
+    is ``rows``, it spans every row of ``Z`` (a square unitary, whatever the
+    sketch), so the site needs no sketch, QR or projection: the identity is
+    the basis and ``Z`` is the projected environment. The last sites of a
+    sweep (their bonds toward the right end, times the physical legs, are
+    within the sketch and the cut ranks) are such sites.
+    """
+    return job.cutoff <= 0 and rows <= min(job.sketches.size, cap)
 
 
 def _sketch_width(job: SweepJob, rank: int, cap: int) -> int:
@@ -228,6 +275,7 @@ def _right_to_left(
     stack, k = job.stack, len(job.stack.layers)
     proj = xp.ones((1,) * (k + 1), job.work)
     caps = stack.cut_ranks
+    read = _columns_read(job, ctx.rank)
     order = range(stack.n_sites - 1, -1, -1)
     checks = [0.0]  # seconds spent reading the QR's flags
     # Each output core is copied to the host on a side stream while the next
@@ -242,7 +290,10 @@ def _right_to_left(
                     z = right_block(xp, proj, cores)
                     writer.put(0, xp.download(z.reshape(1, *z.shape[:3])))  # (1, e, u, d)
                 continue
-            proj, core = _rtl_step(ctx, xp, job, store, state, j, cores, proj, caps[j - 1], checks)
+            stored = read[j] > 0  # whether the first pass made C_j (`_columns_read`)
+            proj, core = _rtl_step(
+                ctx, xp, job, store, state, j, cores, proj, caps[j - 1], stored, checks
+            )
             del cores
             if core is not None:
                 writer.put(j, core)
@@ -259,22 +310,19 @@ def _rtl_step(
     cores: list[Array],
     proj: Array,
     cap: int,
+    stored: bool,
     checks: list[float],
 ) -> tuple[Array, Callable[[], np.ndarray] | None]:
     """One site of the right-to-left pass.
 
     Returns the next projected environment, and on rank 0 the output core's
-    download (`Backend.download`). ``checks[0]`` adds up the time spent
-    reading the QR's flag.
+    download (`Backend.download`). ``stored``: whether the store holds this
+    rank's ``C_j`` (none where no site from ``j`` on reads a column of it).
+    ``checks[0]`` adds up the time spent reading the QR's flag.
     """
     plan = job.plan
-    env = store.take(j)
-    env = env[: _sketch_width(job, ctx.rank, cap)]
     # Z's left legs in the order its last product makes them; C_j's columns to match
     columns = right_columns(xp, proj, cores)
-    if columns != tuple(range(len(cores))):
-        env = xp.contiguous(xp.permute(env, (0, *(1 + i for i in columns))))
-    env_t = xp.permute(env.reshape(env.shape[0], prod(env.shape[1:])), (1, 0))  # (l.., s_r)
     e, lefts = proj.shape[0], [c.shape[0] for c in cores]
     up, down = cores[0].shape[2], cores[-1].shape[3]
     ud = up * down
@@ -285,6 +333,21 @@ def _rtl_step(
         return z.reshape(z.shape[0] * ud, -1)
 
     what = f"site {j}'s right-to-left product"
+    env = store.take(j) if stored else xp.empty((0, *lefts), job.work)
+    if _keeps_whole_space(job, e * ud, cap):
+        # The basis is the identity, the core one; Z is S_j: no sketch, QR or projection.
+        pieces = [run_with_split(z_of, proj[a:b], state, xp.concat, what=what) for a, b in blocks]
+        z = xp.concat(pieces)  # (e u d, l..)
+        download = None
+        if ctx.rank == 0:
+            eye = np.eye(e * ud, dtype=job.work).reshape(e * ud, e, up, down)  # (c, e, u, d)
+            download = xp.download(xp.upload(eye))
+        logger.debug("rank %d: right-to-left: site %d, its whole space", ctx.rank, j)
+        return _left_legs_in_order(xp, z, lefts, columns), download
+    env = env[: _sketch_width(job, ctx.rank, cap)]
+    if columns != tuple(range(len(cores))):
+        env = xp.contiguous(xp.permute(env, (0, *(1 + i for i in columns))))
+    env_t = xp.permute(env.reshape(env.shape[0], prod(env.shape[1:])), (1, 0))  # (l.., s_r)
     held, parts = [], []
     for a, b in blocks:
         if plan.hold_z:
@@ -331,8 +394,15 @@ def _rtl_step(
             download()  # the discarded core's copy is done before its buffer goes
         full, download, _ = finish(exact=True)
     logger.debug("rank %d: right-to-left: site %d, bond %d", ctx.rank, j, full.shape[0])
-    full = full.reshape(-1, *(lefts[i] for i in columns))  # (c, l..) in Z's order
-    return xp.permute(full, (0, *(1 + columns.index(i) for i in range(len(columns))))), download
+    return _left_legs_in_order(xp, full, lefts, columns), download
+
+
+def _left_legs_in_order(
+    xp: Backend, full: Array, lefts: list[int], columns: tuple[int, ...]
+) -> Array:
+    """``S_j`` as ``(c, l_0, .., l_{k-1})``, a view of ``full`` ``(c, l..)`` in Z's column order."""
+    full = full.reshape(-1, *(lefts[i] for i in columns))
+    return xp.permute(full, (0, *(1 + columns.index(i) for i in range(len(columns)))))
 
 
 def _project(

@@ -9,6 +9,7 @@ import pytest
 from tn_helpers import EXACT_TOL, dense, dense_stack, make_stack, rel_error, ttsvd_error
 
 from sexpgpu.tn import apply, compress, src
+from sexpgpu.tn.trains import normalize_stack
 
 # Every stack shape: S an MPS, O an MPO, in mathematical order.
 SHAPES = ["S", "O", "OS", "OO", "OOS", "SO", "SOO", "OOO"]
@@ -189,3 +190,42 @@ def test_capped_cuts_take_their_basis_from_qr_alone(shape, monkeypatch):
     # a cutoff reads the whole sketch's singular values, and keeps the exact product
     cut = src(*stack, chi_out=200, seed=1, cutoff=1e-14)
     assert rel_error(cut, dense_stack(stack)) < EXACT_TOL[np.complex128]
+
+
+@pytest.mark.parametrize("shape", ["OS", "OO", "SOO"])
+def test_the_first_pass_makes_only_the_columns_the_second_reads(shape, monkeypatch):
+    # chi_out above the cut ranks near the right end: a right-to-left site reads
+    # the first cap columns of C_j, and none where its basis is its whole space
+    # (the bond to its right times the physical legs within chi and the cap);
+    # column c of C_{j+1} comes from column c of C_j alone, so C_j needs the
+    # widest width of sites j..n-1.
+    from sexpgpu.tn.store import EnvironmentStore
+
+    stack = make_stack(shape, 7, np.random.default_rng(5), np.complex128)
+    rows: dict[int, int] = {}
+    real_put = EnvironmentStore.put
+
+    def put(self, j, env):
+        rows[j] = env.shape[0]
+        real_put(self, j, env)
+
+    monkeypatch.setattr(EnvironmentStore, "put", put)
+    chi = 12
+    out = src(*stack, chi_out=chi, seed=3)
+    st = normalize_stack(stack, "src", [f"t{i}" for i in range(len(stack))])
+    caps, n = st.cut_ranks, st.n_sites
+    widths, bond = {}, 1
+    for j in range(n - 1, 0, -1):
+        phys = st.shapes(j)[0][2] * st.shapes(j)[-1][3]
+        whole = bond * phys <= min(chi, caps[j - 1])
+        widths[j] = 0 if whole else min(chi, caps[j - 1])
+        bond = min(bond * phys, chi, caps[j - 1])
+    want = {j: max(widths[k] for k in range(j, n)) for j in range(1, n)}
+    assert rows == {j: w for j, w in want.items() if w > 0}
+    assert want[n - 1] == 0 and rows  # the last site keeps its whole space, others sketch
+    monkeypatch.undo()
+    # with a cutoff every site sketches with every column; the product agrees
+    full = src(*stack, chi_out=chi, seed=3, cutoff=1e-300)
+    dense_ref = dense_stack(stack)
+    assert abs(rel_error(out, dense_ref) - rel_error(full, dense_ref)) < 1e-8
+    np.testing.assert_allclose(dense(out), dense(full), atol=1e-10 * np.linalg.norm(dense_ref))

@@ -34,7 +34,6 @@ from sexpgpu.ir.dtypes import FLOATS, DType
 from sexpgpu.ir.node import Graph, Node, topological_order
 from sexpgpu.ir.ops import VIEW, Op
 from sexpgpu.ir.passes import optimize, substitute
-from sexpgpu.ir.siblings import merge_siblings
 from sexpgpu.ir.trace import Trace, trace_run
 from sexpgpu.ir.trace_init import Init, draw, param_rng
 from sexpgpu.ir.verify import verify
@@ -339,12 +338,12 @@ def compile_run(experiment: Experiment, run: RunDef) -> CompiledRun:
     """
     trace = trace_run(experiment, run)
     leaves = [*trace.inputs.values(), *trace.param_nodes.values()]
-    forward = merge_siblings(Graph.of({"loss": trace.loss}, leaves))
+    forward = Graph.of({"loss": trace.loss}, leaves)
     train = optimize(training_graph(forward, "loss", GRAD_PREFIX), check=verify)
     outputs = {"loss": trace.loss}
     if trace.output is not None:
         outputs["output"] = trace.output
-    evaluation = optimize(merge_siblings(_as_evaluated(trace, outputs)), check=verify)
+    evaluation = optimize(_as_evaluated(trace, outputs), check=verify)
     model = experiment.models[run.model]
     model_inputs = tuple(getattr(s, "name", str(s)) for s in model.inputs)
     compiled = CompiledRun(run.name, trace, train, evaluation, model_inputs)

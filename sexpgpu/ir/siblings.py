@@ -12,9 +12,10 @@ slice of its result::
 One wide product keeps the GPU's product kernels busier than several narrow
 ones (profiled: a SwiGLU's gate and up products apart ran 5 to 7% slower
 per FLOP than PyTorch's joined one, benches/README.md), and the backward follows
-the forward: the slices' cotangents are joined by one ``concat``
-(`sexpgpu.ir.autodiff`), the input's gradient is one product, and the
-weights' gradient one product sliced back per weight. Only weights join (a
+the forward only: the pass runs on the training graph, after the
+backward is made, so each weight's gradient and the input's gradient stay
+products of their own (joining those would join the cotangents into one
+buffer first, more memory than the products save). Only weights join (a
 parameter, or a cast of one): joining them costs a copy of the weights, not
 of activations. The same arithmetic, summed in another order: not the same
 bits as the products apart.
@@ -23,8 +24,8 @@ bits as the products apart.
 from __future__ import annotations
 
 from sexpgpu.ir import builder as b
-from sexpgpu.ir.node import Graph, Node
-from sexpgpu.ir.ops import Op
+from sexpgpu.ir.node import Graph, Node, topological_order
+from sexpgpu.ir.ops import VIEW, Op
 from sexpgpu.ir.passes import cse, rewrite
 
 __all__ = ["merge_siblings"]
@@ -37,17 +38,38 @@ def _weight(node: Node) -> bool:
     return node.op is Op.PARAM and node.ndim == 2
 
 
-def merge_siblings(graph: Graph) -> Graph:
+def _held(graph: Graph, loss: str) -> set[int]:
+    """The forward values (of output `loss`) the backward reads, directly or through views."""
+    forward = {id(n) for n in topological_order([graph.outputs[loss]])}
+    held: set[int] = set()
+    for node in graph.nodes():
+        if id(node) not in forward:
+            for x in node.inputs:
+                while id(x) in forward and id(x) not in held:
+                    held.add(id(x))
+                    if x.op not in VIEW:
+                        break
+                    x = x.inputs[0]
+    return held
+
+
+def merge_siblings(graph: Graph, loss: str | None = None) -> Graph:
     """`graph` with each group of products of one input by weights made one product.
 
     Common subexpressions are merged first: each linear layer reshapes its
-    input for itself.
+    input for itself. In a training graph (`loss` its forward's output),
+    products the backward reads join only products it reads too, and the
+    others only others: a slice kept for the backward (attention's values)
+    would keep its siblings' bytes (the queries and keys, which the
+    backward does not read) alive with it.
     """
     graph = cse(graph)
-    groups: dict[tuple[int, str], list[Node]] = {}
+    held = _held(graph, loss) if loss is not None else set()
+    groups: dict[tuple[int, str, bool], list[Node]] = {}
     for node in graph.nodes():
         if node.op is Op.MATMUL and _weight(node.inputs[1]):
-            groups.setdefault((id(node.inputs[0]), node.dtype.name), []).append(node)
+            key = (id(node.inputs[0]), node.dtype.name, id(node) in held)
+            groups.setdefault(key, []).append(node)
     members = {id(n): group for group in groups.values() if len(group) > 1 for n in group}
     if not members:
         return graph

@@ -88,8 +88,7 @@ def stack_microbatches(graph: Graph, k: int) -> Graph:
     for name, node in graph.outputs.items():
         if node.dtype is DType.BOOL:
             raise ValueError(f"stack_microbatches: output {name!r} is bool and has no sum")
-    uses = _uses(graph)
-    stacker = _Stacker(k, uses, _only_sliced(graph, uses))
+    stacker = _Stacker(k, _uses(graph))
     for node in graph.nodes():
         stacker.visit(node)
     outputs = {name: stacker.total(node) for name, node in graph.outputs.items()}
@@ -106,15 +105,6 @@ def _uses(graph: Graph) -> dict[int, int]:
     return uses
 
 
-def _only_sliced(graph: Graph, uses: dict[int, int]) -> set[int]:
-    """The nodes whose every use is a slice of them."""
-    slices: dict[int, int] = {}
-    for node in graph.nodes():
-        if node.op is Op.SLICE:
-            slices[id(node.inputs[0])] = slices.get(id(node.inputs[0]), 0) + 1
-    return {key for key, n in slices.items() if uses[key] == n}
-
-
 class _Stacker:
     """The batched graph under construction.
 
@@ -122,12 +112,10 @@ class _Stacker:
     node (batch axis leading); every other node stands for itself.
     """
 
-    def __init__(self, k: int, uses: dict[int, int], sliced: set[int]) -> None:
+    def __init__(self, k: int, uses: dict[int, int]) -> None:
         self.k = k
         self.uses = uses
         self.stacked: dict[int, Node] = {}
-        self.sliced = sliced
-        self.totals: dict[int, Node] = {}  # of nodes used only by slices: made once
 
     def value(self, node: Node) -> Node:
         """The node standing for original `node` in the new graph."""
@@ -159,16 +147,11 @@ class _Stacker:
         if id(node) not in self.stacked:
             # The same value for every microbatch: k times it.
             return b.mul(node, b.constant(self.k, node.dtype, span=node.span), span=node.span)
-        if id(node) in self.totals:
-            return self.totals[id(node)]
         rule = _TOTALS.get(node.op)
-        # Its only use, or only slices of it (several weights' gradients as one
-        # product, `sexpgpu.ir.siblings`): nothing needs it per microbatch.
-        if rule is not None and (self.uses.get(id(node), 0) == 1 or id(node) in self.sliced):
+        if rule is not None and self.uses.get(id(node), 0) == 1:
             result = rule(self, node)
             if result is not None:
                 assert result.shape == node.shape and result.dtype == node.dtype, (node, result)
-                self.totals[id(node)] = result
                 return result
         return b.sum(self.stacked[id(node)], axes=0, span=node.span)
 
@@ -365,10 +348,9 @@ def _total(*ops: Op) -> Callable[[Total], Total]:
     return register
 
 
-@_total(Op.ADD, Op.SUB, Op.NEG, Op.TRANSPOSE, Op.RESHAPE, Op.SLICE)
+@_total(Op.ADD, Op.SUB, Op.NEG, Op.TRANSPOSE, Op.RESHAPE)
 def _linear_total(s: _Stacker, node: Node) -> Node:
-    # sum(a_i + b_i) = sum(a_i) + sum(b_i), a shared a counting k times; a slice (of
-    # several weights' gradients, one product: sexpgpu.ir.siblings) of the sum likewise.
+    # sum(a_i + b_i) = sum(a_i) + sum(b_i), a shared a counting k times.
     return s.emit(node, *(s.total(x) for x in node.inputs))
 
 

@@ -1,6 +1,7 @@
 """Sibling products made one (`sexpgpu.ir.siblings`): what joins, and that it computes the same."""
 
 import numpy as np
+import pytest
 
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.ir import builder as b
@@ -12,47 +13,59 @@ from sexpgpu.ir.siblings import merge_siblings
 
 
 def _forward(dtype="f32"):
-    """x times three weights (two of them siblings of a third), and x times an activation."""
+    """x times four weights, the last read again by the backward (as attention's values);
+    and x times an activation."""
     x = b.input("x", (6, 4), "f32")
-    ws = [b.param(f"w{i}", (4, n), "f32") for i, n in enumerate((3, 5, 2))]
+    ws = [b.param(f"w{i}", (4, n), "f32") for i, n in enumerate((3, 5, 2, 3))]
     h = b.cast(x, dtype)
     ys = [b.matmul(h, b.cast(w, dtype) if dtype != "f32" else w) for w in ws]
     other = b.matmul(h, b.transpose(h))  # activations: not joined
-    total = b.add(b.sum(b.cast(other, "f32")), b.constant(0.0, "f32"))
-    for y in ys:
-        total = b.add(total, b.sum(b.mul(b.cast(y, "f32"), b.cast(y, "f32"))))
-    return Graph.of({"loss": total}, [x, *ws])
+    total = b.sum(b.cast(other, "f32"))
+    for y in ys[:3]:  # their gradients read the exps, not the products
+        total = b.add(total, b.sum(b.cast(b.exp(b.mul(y, b.constant(0.1, dtype))), "f32")))
+    # the last is a product's operand, whose backward reads it as it is
+    return Graph.of(
+        {"loss": b.add(total, b.sum(b.cast(b.matmul(b.transpose(ys[3]), ys[0]), "f32")))}, [x, *ws]
+    )
 
 
 def _run(graph, seed=0):
     rng = np.random.default_rng(seed)
-    feeds = {
-        name: rng.standard_normal(n.shape).astype(np.float32) for name, n in graph.inputs.items()
-    }
-    feeds |= {
-        name: rng.standard_normal(n.shape).astype(np.float32) for name, n in graph.params.items()
-    }
+    leaves = {**graph.inputs, **graph.params}  # by name: a rewrite may list them in another order
+    feeds = {k: rng.standard_normal(leaves[k].shape).astype(np.float32) for k in sorted(leaves)}
     return CpuProgram(graph)(feeds)
+
+
+def _wide(graph):
+    return sorted(
+        n.shape[-1] for n in graph.nodes() if n.op is Op.MATMUL and n.inputs[1].op is Op.CONCAT
+    )
 
 
 def test_products_of_one_input_by_weights_become_one():
     graph = _forward()
-    merged = merge_siblings(graph)
-    products = [n for n in merged.nodes() if n.op is Op.MATMUL]
-    assert len(products) == 2  # the three weights' one, and the activations' own
-    wide = next(p for p in products if p.shape == (6, 10))
-    assert wide.inputs[1].op is Op.CONCAT
+    merged = merge_siblings(graph)  # no backward: all four join
+    assert _wide(merged) == [13]
     assert matmul_flops(merged) == matmul_flops(graph)
 
 
-def test_the_joined_step_computes_the_same_loss_and_gradients():
-    for dtype, tol in (("f32", 1e-5), ("bf16", 2e-2)):
-        plain = training_graph(_forward(dtype))
-        joined = training_graph(merge_siblings(_forward(dtype)))
-        a, c = _run(plain), _run(joined)
-        assert set(a) == set(c)
-        for name in a:
-            np.testing.assert_allclose(c[name], a[name], rtol=tol, atol=tol, err_msg=name)
+def test_in_a_training_graph_what_the_backward_reads_joins_only_its_like():
+    train = training_graph(_forward())
+    merged = merge_siblings(train, "loss")
+    # The backward reads the first and last products: they join, and the other two apart.
+    assert _wide(merged) == [6, 7]
+    assert matmul_flops(merged) == matmul_flops(train)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("f32", 1e-5), ("bf16", 2e-2)])
+def test_the_joined_step_computes_the_same_loss_and_gradients(dtype, tol):
+    plain = training_graph(_forward(dtype))
+    joined = merge_siblings(plain, "loss")
+    assert _wide(joined)
+    a, c = _run(plain), _run(joined)
+    assert set(a) == set(c)
+    for name in a:
+        np.testing.assert_allclose(c[name], a[name], rtol=tol, atol=tol, err_msg=name)
 
 
 def test_a_graph_without_siblings_is_left_alone():

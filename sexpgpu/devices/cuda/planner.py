@@ -30,6 +30,7 @@ from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import Op
 from sexpgpu.ir.printer import format_graph
 from sexpgpu.ir.recompute import Recomputation, cheap, fit, recompute_graph
+from sexpgpu.ir.siblings import merge_siblings
 from sexpgpu.runtime.memory import MemoryPlan, call_peak_bytes, detect_budget
 
 if TYPE_CHECKING:
@@ -300,15 +301,20 @@ class Planner:
         return self._stacks[degree]
 
     def _base(self, degree: int) -> Graph:
-        """`_stacked`, its cheap values made again in the backward where the device fuses.
+        """`_stacked` as a fusing device runs it when it fits without recomputing.
 
-        The fused kernels that read them make them (`sexpgpu.ir.recompute.cheap`).
-        Recomputation to fit starts from the stacked graph itself: its
-        checkpointing makes those values again with their segments anyway.
+        Its sibling products made one (`sexpgpu.ir.siblings`), and its cheap
+        values made again in the backward, by the fused kernels that read them
+        (`sexpgpu.ir.recompute.cheap`). Recomputation to fit starts from the
+        stacked graph itself: its checkpointing makes those values again with
+        their segments anyway, and keeps back products one by one.
         """
         if degree not in self._cheap:
             graph = self._stacked(degree)
-            roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS) if self.device.fuse else []
+            roots: list = []
+            if self.device.fuse:
+                graph = merge_siblings(graph, "loss")
+                roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS)
             self._cheap[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
         return self._cheap[degree][0]
 

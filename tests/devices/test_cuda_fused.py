@@ -306,14 +306,21 @@ def test_a_part_no_worker_compiled_is_compiled_here(monkeypatch):
         np.testing.assert_allclose(a[name].numpy(), b[name].numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path):
+def _in_parts(monkeypatch, tmp_path):
+    """The mlp's training graph and parameters, with parts small enough to split it in two."""
     from sexpgpu.devices.cuda import parallel_compile
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 10)
     compiled = _compiled("mlp")
-    graph = compiled.train_graph
     params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    return compiled.train_graph, params
+
+
+def test_one_pool_compiles_the_parts_of_graph_after_graph(monkeypatch, tmp_path):
+    from sexpgpu.devices.cuda import parallel_compile
+
+    graph, params = _in_parts(monkeypatch, tmp_path)
     pool = parallel_compile.CompilePool(2)
     try:
         for seed in (1, 2):  # the second graph differs: it returns its sums
@@ -335,11 +342,7 @@ def test_a_step_in_parts_loads_from_the_cache_by_its_keys_and_sums_alike(monkeyp
     from sexpgpu.devices.cuda import parallel_compile
     from sexpgpu.devices.cuda.compile_cache import StepCache
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(parallel_compile, "MIN_PART_NODES", 10)
-    compiled = _compiled("mlp")
-    graph = compiled.train_graph
-    params = {k: torch.from_numpy(v) for k, v in compiled.init_params(0).items()}
+    graph, params = _in_parts(monkeypatch, tmp_path)
     examples = {**_feeds(graph, 1), **params}
     cache, sums = StepCache(tmp_path / "cache"), list(graph.outputs)
     pool = parallel_compile.CompilePool(2)

@@ -63,7 +63,7 @@ def merge_siblings(graph: Graph, loss: str | None = None) -> Graph:
     would keep its siblings' bytes (the queries and keys, which the
     backward does not read) alive with it.
     """
-    graph = cse(graph)
+    given, graph = graph, cse(graph)
     held = _held(graph, loss) if loss is not None else set()
     groups: dict[tuple[int, str, bool], list[Node]] = {}
     for node in graph.nodes():
@@ -72,7 +72,7 @@ def merge_siblings(graph: Graph, loss: str | None = None) -> Graph:
             groups.setdefault(key, []).append(node)
     members = {id(n): group for group in groups.values() if len(group) > 1 for n in group}
     if not members:
-        return graph
+        return given
     merged: dict[int, Node] = {}  # first member's id -> the one product
 
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:

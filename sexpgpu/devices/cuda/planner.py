@@ -127,8 +127,8 @@ class Planner:
         self.torch = device.torch
         self.first = self.torch.device(device.first)
         self._stacks: dict[int, Graph] = {}
-        # Per degree: the graph with its cheap values made again, and how many (`_base`).
-        self._cheap: dict[int, tuple[Graph, int]] = {}
+        # Per degree: the graph a fitting call runs, and its cheap values made again (`_base`).
+        self._bases: dict[int, tuple[Graph, int]] = {}
         self._recompute: dict[int, Recomputation] = {}  # per degree, where nothing fits without
         # (id(graph), whether its call is the whole step) -> (graph, live set)
         self._live: dict[tuple[int, bool], tuple[Graph, tuple[int, Any]]] = {}
@@ -207,7 +207,7 @@ class Planner:
         if degree == 1 and self._graph(1) is not compiled.train_graph:  # op by op too
             compiled = compiled.with_train_graph(self._graph(1))
         schedule = _lowering_lines(compiled.train_graph, self.first)
-        made = self._cheap.get(degree, (None, 0))[1]
+        made = self._bases.get(degree, (None, 0))[1]
         if recompute is None and made:
             schedule.insert(0, _cheap_line(made))
         return CudaPlan(
@@ -309,14 +309,14 @@ class Planner:
         stacked graph itself: its checkpointing makes those values again with
         their segments anyway, and keeps back products one by one.
         """
-        if degree not in self._cheap:
+        if degree not in self._bases:
             graph = self._stacked(degree)
             roots: list = []
             if self.device.fuse:
                 graph = merge_siblings(graph, "loss")
                 roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS)
-            self._cheap[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
-        return self._cheap[degree][0]
+            self._bases[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
+        return self._bases[degree][0]
 
     def _numbers(self, degree: int) -> tuple[int, int, int]:
         """(live set bytes, products' FLOPs, nodes) of the training graph a call at `degree` runs.

@@ -17,7 +17,7 @@ from sexpgpu.ir.node import ConstArray, Graph, Node
 from sexpgpu.ir.numpy_impl import evaluate
 from sexpgpu.ir.ops import FED, Op
 
-__all__ = ["cse", "dce", "fold_constants", "optimize", "rewrite", "substitute"]
+__all__ = ["cse", "dce", "fold_constants", "optimize", "rewrite", "substitute", "with_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ def rewrite(graph: Graph, visit: Callable[[Node, tuple[Node, ...]], Node]) -> Gr
     return Graph.of(outputs, leaves)
 
 
-def _with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
+def with_inputs(node: Node, inputs: tuple[Node, ...]) -> Node:
+    """`node` on `inputs`: itself where they are its operands already, else rebuilt."""
     if all(a is b for a, b in zip(inputs, node.inputs, strict=True)):
         return node
     return Node(node.op, node.dtype, node.shape, inputs, node.attrs, node.span)
@@ -58,7 +59,7 @@ def substitute(graph: Graph, pairs: Sequence[tuple[Node, Node]]) -> Graph:
 
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
         other = swap.get(id(node))
-        done[id(node)] = done[id(other)] if other is not None else _with_inputs(node, inputs)
+        done[id(node)] = done[id(other)] if other is not None else with_inputs(node, inputs)
         return done[id(node)]
 
     return rewrite(graph, visit)
@@ -80,7 +81,7 @@ def cse(graph: Graph) -> Graph:
         if node.op in FED:
             return node  # names make fed leaves unique; they stay the declared nodes
         key = (node.op, node.dtype, node.shape, tuple(map(id, inputs)), node.attr_key())
-        return seen.setdefault(key, _with_inputs(node, inputs))
+        return seen.setdefault(key, with_inputs(node, inputs))
 
     return rewrite(graph, visit)
 
@@ -99,7 +100,7 @@ def fold_constants(graph: Graph, max_bytes: int = _FOLDABLE_BYTES) -> Graph:
         return x.size * numpy_dtype(x.dtype).itemsize <= max_bytes
 
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
-        node = _with_inputs(node, inputs)
+        node = with_inputs(node, inputs)
         if not small(node):
             return node  # never evaluated: `:seq 2147483647` must not fill 2^31 positions
         if node.op in (Op.CONSTANT, Op.IOTA):

@@ -26,7 +26,7 @@ from __future__ import annotations
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.node import Graph, Node, topological_order
 from sexpgpu.ir.ops import VIEW, Op
-from sexpgpu.ir.passes import cse, rewrite
+from sexpgpu.ir.passes import cse, rewrite, with_inputs
 
 __all__ = ["merge_siblings"]
 
@@ -78,9 +78,7 @@ def merge_siblings(graph: Graph, loss: str | None = None) -> Graph:
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:
         group = members.get(id(node))
         if group is None:
-            if all(x is y for x, y in zip(inputs, node.inputs, strict=True)):
-                return node
-            return Node(node.op, node.dtype, node.shape, inputs, node.attrs, node.span)
+            return with_inputs(node, inputs)
         first = group[0]
         if id(first) not in merged:
             # The weights are leaves' casts, which no pass here rebuilds.

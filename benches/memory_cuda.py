@@ -11,7 +11,10 @@ PyTorch. Each side and size runs in its own process. Reported per side and
 size: whether it trains, tokens per second (the median step after
 `--warmup`), the allocator's peak, and sexpgpu's recompute line and plan;
 then the largest size each side trains, and the FLOPs sexpgpu adds at a
-budget of 60% of its no-recompute plan (the plan alone, for the first size).
+budget of 60% of its no-recompute plan (the plan alone, for the first size
+or for `--flops-sizes`: 60% of a plan is below the parameters, gradients and
+moments alone where activations are a small part of it, and then no
+recomputation fits).
 
     python benches/memory_cuda.py                         # the sizes, on one GPU
     python benches/memory_cuda.py --sizes 16x2048 32x3072 # some of them
@@ -19,6 +22,7 @@ budget of 60% of its no-recompute plan (the plan alone, for the first size).
     python benches/memory_cuda.py --card 40 --sizes 13x4096 --sides torch   # one side
     python benches/memory_cuda.py --smoke                 # on the CPU in seconds: the paths
     python benches/memory_cuda.py --card 40 --sizes 13x4096 --profile --logs L  # kernels, in L
+    python benches/memory_cuda.py --sizes 13x4096 --sides sexpgpu --flops-sizes 16x2048 13x4096@16
 
 ``--profile`` runs each side's steps after the warm-up (but the last) under
 ``torch.profiler`` and writes the kernels that took longest, per step, into
@@ -372,6 +376,12 @@ def main() -> None:
     parser.add_argument("--logs", help="a folder for each side and size's whole output")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--profile", action="store_true", help="kernel times into --logs")
+    parser.add_argument(
+        "--flops-sizes",
+        nargs="+",
+        metavar="SIZE[@BATCH]",
+        help="where to plan at 60%% of the no-recompute plan (default: the first size)",
+    )
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--size", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -407,11 +417,16 @@ def main() -> None:
           f"torch {largest.get('torch', 'none')}")  # fmt: skip
     if "sexpgpu" not in args.sides:
         return
-    r = run_child("flops60", sizes[0], args)
-    if "flops_ratio" in r:
-        print(f"flops at 60% of the plan ({sizes[0]}): {r['flops_ratio']:.3f}x, {r['line']}")
-    else:
-        print(f"flops at 60% of the plan ({sizes[0]}): error {r.get('error', '')[-400:]}")
+    for at in args.flops_sizes or sizes[:1]:
+        size, _, batch = at.partition("@")
+        r = run_child(
+            "flops60", size, argparse.Namespace(**{**vars(args), "batch": int(batch or args.batch)})
+        )
+        where = f"{size}, batch {batch or args.batch}"
+        if "flops_ratio" in r:
+            print(f"flops at 60% of the plan ({where}): {r['flops_ratio']:.3f}x, {r['line']}")
+        else:
+            print(f"flops at 60% of the plan ({where}): error {r.get('error', '')[-400:]}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ for part in ${*:-tests plan run}; do
     python3 benches/memory_cuda.py ${SIZES:+--sizes $SIZES} 2>&1 | tee "$OUT/memory_cuda.log" ;;
   card)
     timeout 580 python3 benches/memory_cuda.py --card 40 --sizes ${SIZES:-14x4096} \
-      --sides ${SIDES:-sexpgpu torch} --logs "$OUT/card" --timeout 400 2>&1 | tee "$OUT/memory_card.log" ;;
+      --sides ${SIDES:-sexpgpu torch} --logs "$OUT/card" --timeout 400 \
+      --flops-sizes ${FLOPS_SIZES:-16x2048 13x4096@16} 2>&1 | tee "$OUT/memory_card.log" ;;
   oom)
     timeout 580 python3 dev/oom_where.py "$OUT/oom.txt" benches/memory_cuda.py --side=sexpgpu \
       --size=${SIZE:-14x4096} --seq=2048 --batch=8 --steps=10 --warmup=3 --card=40 \

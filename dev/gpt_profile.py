@@ -1,6 +1,6 @@
-"""Where a cuda training step of GPT-2 small spends its time (torch.profiler).
+"""Where a cuda training step of GPT-2 small (or a Llama) spends its time (torch.profiler).
 
-    python3 dev/gpt_profile.py [--batch 16] [--microbatches 1]
+    python3 dev/gpt_profile.py [--model gpt|llama124m] [--batch 16] [--microbatches 1]
                                [--side sexpgpu|reduce-overhead|default|eager]
                                [--inductor KEY=VALUE ...] [--gelu-apart [backward]]
                                [--casts] [--sums-apart] [--run-loop]
@@ -9,7 +9,9 @@
 Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
 and the kernels that took longest. `--side` profiles the peer of
-benches/gpt2_cuda.py (the same model in PyTorch) instead. `--inductor` sets
+benches/gpt2_cuda.py (the same model in PyTorch) instead. `--model llama124m`
+profiles benches/llama_cuda.py's 124M Llama and its peer instead of GPT-2
+small. `--inductor` sets
 Inductor options (``combo_kernels=True``) for both sides' compiles, to try
 them. `--gelu-apart` keeps gelu and its gradient out of the products
 (no `gelu_into_products` rewrite), to measure what it gives;
@@ -41,6 +43,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "benches")
 from gpt2_cuda import GPT, torch_step
+from llama_cuda import LLAMA, llama_step
 
 import sexpgpu.devices.cuda.fused as fused_step
 from sexpgpu.devices.cuda import cublaslt
@@ -56,6 +59,7 @@ parser.add_argument(
     "--microbatches", type=int, default=1, help="a step's (stacking may run them in one call)"
 )
 parser.add_argument("--side", default="sexpgpu")
+parser.add_argument("--model", default="gpt", choices=["gpt", "llama124m"])
 parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
 parser.add_argument("--gelu-apart", nargs="?", const="all", choices=["all", "backward"])
 parser.add_argument("--casts", action="store_true")
@@ -147,7 +151,13 @@ def memsets_by_op(p) -> None:
         print(f"  x{count} {what}")
 
 
-shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
+if args.model == "gpt":
+    shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
+    template = GPT
+else:  # benches/llama_cuda.py's 124m shape
+    shape = {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048}
+    shape |= {"seq": 1024, "vocab": 32000}
+    template = LLAMA
 rng = np.random.default_rng(0)
 micro = args.microbatches
 t = rng.integers(0, 256, (args.batch * micro, 1025)).astype(np.int32)
@@ -181,7 +191,9 @@ def profile_run_loop(first: int = 6, last: int = 9) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "gpt.lisp"
         path.write_text(
-            GPT.format(**shape, batch=args.batch, microbatches=micro, steps=last + 2, dtype="bf16")
+            template.format(
+                **shape, batch=args.batch, microbatches=micro, steps=last + 2, dtype="bf16"
+            )
         )
         prepare_run(path, out=Path(tmp) / "run", device="cuda", on_step=on_step).run()
     steps = last - first + 1
@@ -203,8 +215,8 @@ if args.run_loop:
     sys.exit(0)
 
 if args.side == "sexpgpu":
-    text = GPT.format(**shape, batch=args.batch, microbatches=micro, steps=10, dtype="bf16")
-    ex = load_experiment_text(text, "gpt.lisp")
+    text = template.format(**shape, batch=args.batch, microbatches=micro, steps=10, dtype="bf16")
+    ex = load_experiment_text(text, f"{args.model}.lisp")
     compiled = compile_run(ex, ex.run())
     device = CudaDevice("cuda")
     memory_plan = device.plan(compiled, optimizer="adamw", ranks=1, memory=None, microbatches=micro)
@@ -220,7 +232,10 @@ if args.side == "sexpgpu":
         prog.update(1e-4, 1.0)
 
 else:
-    peer = torch_step(argparse.Namespace(**shape), args.side)
+    if args.model == "gpt":
+        peer = torch_step(argparse.Namespace(**shape), args.side)
+    else:
+        peer = llama_step(argparse.Namespace(**shape, device="cuda"), args.side)
     tokens = torch.from_numpy(t.astype(np.int64)).to("cuda")
 
     def step():
@@ -262,7 +277,8 @@ if args.side == "sexpgpu":
 
     def update_only():
         norm = prog.xp.norm(grads)
-        prog.optimizer.step(prog.values, prog._sums.grads, 1e-4, prog.xp.clip_scale(norm, 1.0))
+        prog.optimizer.advance(1e-4)
+        prog.optimizer.queue(prog.values, prog._sums.grads, prog.xp.clip_scale(norm, 1.0))
 
     update = clock(update_only)
     prog._sums = None  # the profiled step below starts from zeroed sums again

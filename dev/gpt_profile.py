@@ -297,4 +297,4 @@ analyse(p, wall)
 rows = p.key_averages()
 print(rows.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=80))
 if args.side == "sexpgpu":  # which IR nodes each kernel above covers
-    print("\n".join(prog.graphs.report_lines()))
+    print("\n".join(prog.graphs.fused.report_lines()))

@@ -15,8 +15,17 @@ from the process's start, with compile caches of its own that start empty),
 and the allocator's peak; sexpgpu's also its
 memory plan and its stacking line.
 
+Besides ``sexpgpu``, sexpgpu's side can run with one of its module
+settings changed, to measure a mechanism against the default in one run
+(`SEXPGPU_SIDES`): ``sexpgpu-products`` makes the cheap values products read
+again in the backward too (docs/ir.md, "Cheap values, always");
+``sexpgpu-workspace`` offers the cuBLASLt products 32 MiB of workspace
+instead of 1 MiB, so that the weights' gradients, written in f32 straight
+into their sums, may split their long sums as PyTorch's cuBLAS products do.
+
     python benches/gpt2_cuda.py                        # batch 16 and 32, every side
     python benches/gpt2_cuda.py --batches 16 --sides sexpgpu eager
+    python benches/gpt2_cuda.py --sides sexpgpu sexpgpu-workspace reduce-overhead
     python benches/gpt2_cuda.py --smoke                # a tiny GPT on the CPU (CI)
 
 ``--smoke`` trains a one-layer GPT of width 32 for three steps, sexpgpu on
@@ -30,6 +39,7 @@ Results are recorded in benches/README.md.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -42,6 +52,14 @@ from pathlib import Path
 STARTED = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_interpreter import GPT as CPU_GPT  # noqa: E402
+
+# sexpgpu's sides: module -> {name: value} set in the side's process before it plans.
+SEXPGPU_SIDES: dict[str, dict[str, dict[str, object]]] = {
+    "sexpgpu": {},
+    "sexpgpu-products": {"sexpgpu.devices.cuda.planner": {"CHEAP_INTO_PRODUCTS": True}},
+    "sexpgpu-workspace": {"sexpgpu.devices.cuda.cublaslt": {"WORKSPACE": 32 << 20}},
+}
+PEERS = ["eager", "compile", "reduce-overhead"]
 
 GPT = (
     CPU_GPT.split("(defrun")[0].replace(":seq seq)", ":seq seq :split 0.99)")
@@ -222,11 +240,15 @@ def flops_per_token(args: argparse.Namespace) -> float:
 
 def one_side(args: argparse.Namespace, template: str = GPT, make_step=None) -> dict:
     """The side `args.side` at batch `args.batch`, with tokens/s."""
-    if args.side == "sexpgpu":
+    if args.side in SEXPGPU_SIDES:
+        for module, settings in SEXPGPU_SIDES[args.side].items():
+            for name, value in settings.items():
+                setattr(importlib.import_module(module), name, value)
         result = sexpgpu_side(args, template)
     else:
         mode = {"eager": "eager", "compile": "default"}.get(args.side, args.side)
         result = torch_side(args, mode, make_step)
+    result["side"] = args.side
     result["batch"] = args.batch
     result["tokens_per_s"] = args.batch * args.seq / result["step_s"]
     return result
@@ -265,8 +287,8 @@ def main() -> None:
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--dtype", default="bf16", choices=["bf16"])
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32])
-    sides = ["sexpgpu", "eager", "compile", "reduce-overhead"]
-    parser.add_argument("--sides", nargs="+", default=sides, choices=sides)
+    sides = ["sexpgpu", *PEERS]
+    parser.add_argument("--sides", nargs="+", default=sides, choices=[*SEXPGPU_SIDES, *PEERS])
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: --smoke

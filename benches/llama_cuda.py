@@ -23,10 +23,11 @@ Reported per side: tokens per second (the median step after ``--warmup``),
 MFU against the bf16 matmul rate measured in the same run, the first step's
 latency from the process's start, the allocator's peak, and for sexpgpu
 its memory plan (the ``plan GiB`` column; ``memory`` in the JSON line says
-peak against plan). The side ``sexpgpu-products`` is sexpgpu with the
-cheap values that products read made again in the backward too (as
-PyTorch's partitioner does; docs/ir.md, "Cheap values, always"): less
-memory, a pass more per value.
+peak against plan). The sides ``sexpgpu-products`` and
+``sexpgpu-workspace`` are sexpgpu with one mechanism changed
+(benches/gpt2_cuda.py's `SEXPGPU_SIDES`): the cheap values that products
+read made again in the backward too (as PyTorch's partitioner does; less
+memory, a pass more per value), or 32 MiB of cuBLASLt workspace.
 
     python benches/llama_cuda.py                           # both shapes, every side
     python benches/llama_cuda.py --shapes 124m --sides sexpgpu compile
@@ -47,7 +48,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(ROOT / "tests" / "ir"))
-from gpt2_cuda import adamw_step, compare, matmul_rate, one_side, table  # noqa: E402
+from gpt2_cuda import (  # noqa: E402
+    PEERS,
+    SEXPGPU_SIDES,
+    adamw_step,
+    compare,
+    matmul_rate,
+    one_side,
+    table,
+)
 
 # The example's data and model, at the benchmark's sizes, with the benchmark's run.
 _EXAMPLE = (ROOT / "examples" / "llama.lisp").read_text()
@@ -112,8 +121,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--shapes", nargs="+", default=["tinyllama", "124m"], choices=SHAPES)
     parser.add_argument("--batches", type=int, nargs="+", help="instead of the shape's")
     parser.add_argument("--dtype", default="bf16", choices=["bf16"])
-    sides = ["sexpgpu", "sexpgpu-products", "eager", "compile", "reduce-overhead"]
-    parser.add_argument("--sides", nargs="+", default=sides, choices=sides)
+    sides = ["sexpgpu", "sexpgpu-products", *PEERS]
+    parser.add_argument("--sides", nargs="+", default=sides, choices=[*SEXPGPU_SIDES, *PEERS])
     parser.add_argument("--smoke", action="store_true", help="a tiny Llama on the CPU")
     # One side of one shape, in a child process.
     parser.add_argument("--side", help=argparse.SUPPRESS)
@@ -132,13 +141,7 @@ def _arguments() -> argparse.Namespace:
 def main() -> None:
     args = _arguments()
     if args.side:
-        side = args.side
-        if side == "sexpgpu-products":  # the products' inputs made again too
-            from sexpgpu.devices.cuda import planner
-
-            planner.CHEAP_INTO_PRODUCTS, args.side = True, "sexpgpu"
-        result = {**one_side(args, LLAMA, llama_step), "side": side}
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps(one_side(args, LLAMA, llama_step)), flush=True)
         return
     rate = matmul_rate(args.device)
     print(f"bf16 matmul rate: {rate / 1e12:.0f} TFLOP/s")

@@ -110,7 +110,7 @@ class CudaPlan:
 # How many times a plan whose compiled step does not fit recomputes more before E-MEM-001.
 _REFITS = 2
 # Whether the cheap values a product reads are made again too (`recompute.cheap`): less
-# memory, a pass more each; benches/llama_cuda.py's side `sexpgpu-products` measures it.
+# memory, a pass more each; benches/gpt2_cuda.py's side `sexpgpu-products` measures it.
 CHEAP_INTO_PRODUCTS = False
 
 

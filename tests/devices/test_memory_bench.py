@@ -32,4 +32,4 @@ def test_memory_bench_smoke():
     assert "| sexpgpu | yes |" in sexpgpu and "recompute:" in sexpgpu, done.stdout
     assert "| torch | yes |" in peer, done.stdout
     assert "largest trained: sexpgpu 2x64, torch 2x64" in done.stdout
-    assert "flops at 60% of the plan (2x64):" in done.stdout
+    assert "flops at 60% of the plan (2x64, batch 2):" in done.stdout

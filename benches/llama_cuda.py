@@ -82,7 +82,7 @@ SHAPES = {
     "124m": (12, 768, 12, 4, 2048, 32000, 1024, [16, 32], 16),
     "smoke": (1, 32, 4, 2, 48, 256, 16, [2], 2),
 }
-_KEYS = ("layers", "width", "heads", "kv_heads", "ffn", "vocab", "seq")
+KEYS = ("layers", "width", "heads", "kv_heads", "ffn", "vocab", "seq")
 
 
 def llama_step(args: argparse.Namespace, mode: str):
@@ -92,7 +92,7 @@ def llama_step(args: argparse.Namespace, mode: str):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device(args.device)
-    shape = {k: getattr(args, k) for k in _KEYS}
+    shape = {k: getattr(args, k) for k in KEYS}
     model = TorchLlama(**shape).to(dev)
 
     def loss(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -128,7 +128,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rows", type=int, help=argparse.SUPPRESS)
-    for key in _KEYS:
+    for key in KEYS:
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,12 +148,12 @@ def main() -> None:
     chosen = args.batches
     for name in args.shapes:
         *sizes, batches, rows = SHAPES[name]
-        for key, value in zip(_KEYS, sizes, strict=True):
+        for key, value in zip(KEYS, sizes, strict=True):
             setattr(args, key, value)
         args.batches, args.rows = chosen or batches, rows
         per_token = flops_per_token(args)
         print(f"{name}: {per_token / 1e9:.3f} GFLOP per token")
-        common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in _KEYS]
+        common = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in KEYS]
         common += [f"--steps={args.steps}", f"--warmup={args.warmup}", f"--rows={rows}"]
         common += [f"--device={args.device}"]
         table(compare(args, __file__, common, rate, per_token), args.batches, name)

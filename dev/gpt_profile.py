@@ -43,7 +43,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, "benches")
 from gpt2_cuda import GPT, torch_step
-from llama_cuda import LLAMA, llama_step
+from llama_cuda import KEYS, LLAMA, SHAPES, llama_step
 
 import sexpgpu.devices.cuda.fused as fused_step
 from sexpgpu.devices.cuda import cublaslt
@@ -155,8 +155,7 @@ if args.model == "gpt":
     shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
     template = GPT
 else:  # benches/llama_cuda.py's 124m shape
-    shape = {"layers": 12, "width": 768, "heads": 12, "kv_heads": 4, "ffn": 2048}
-    shape |= {"seq": 1024, "vocab": 32000}
+    shape = dict(zip(KEYS, SHAPES["124m"], strict=False))
     template = LLAMA
 rng = np.random.default_rng(0)
 micro = args.microbatches

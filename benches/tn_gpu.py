@@ -17,6 +17,11 @@ Run from the repository root on a machine with a GPU, CuPy and src-method::
 
     python benches/tn_gpu.py [--sites 25 50] [--chi 1000] [--reps 5]
                              [--dtypes complex128 complex64] [--gpu-memory 2GiB]
+                             [--products single|double|split]
+
+``--products`` sets how sexpgpu.tn runs its large single-precision products
+on the GPU (`sexpgpu.tn.backend.GPU_PRODUCTS`: in double, the default, or
+as three TF32 tensor-core products of split halves).
 
 ``--smoke`` runs a tiny case of every path on the CPU (CI).
 """
@@ -32,6 +37,8 @@ import numpy as np
 import torch
 
 import sexpgpu.tn as tn
+from sexpgpu.tn import backend
+from sexpgpu.tn.backend import PRODUCTS
 
 
 class PlanLog(logging.Handler):
@@ -197,10 +204,13 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=["complex128", "complex64"])
     parser.add_argument("--exact", action="store_true", help="errors against the exact A B")
     parser.add_argument("--gpu-memory", default="2GiB", help="budget of the out-of-core case")
+    parser.add_argument("--products", choices=PRODUCTS, help="sexpgpu.tn's on the GPU")
     parser.add_argument(
         "--smoke", action="store_true", help="a tiny run on the CPU (both peers), for CI"
     )
     args = parser.parse_args()
+    if args.products:
+        backend.GPU_PRODUCTS = args.products
     device = "cuda"
     if args.smoke:  # every path of the script, in seconds, without a GPU
         args.sites, args.chi, args.reps, args.exact, args.gpu_memory = [6], 8, 1, True, ""
@@ -210,7 +220,7 @@ def main() -> None:
     logger.setLevel(logging.DEBUG)
     logger.addHandler(log)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (smoke)"
-    print(f"# {name}, torch {torch.__version__}")
+    print(f"# {name}, torch {torch.__version__}, products {backend.GPU_PRODUCTS} on a GPU")
     cases = [(n, dtype, None) for n in args.sites for dtype in args.dtypes]
     if args.gpu_memory:
         cases.append((max(args.sites), "complex128", tn.Resources(gpu_memory=args.gpu_memory)))

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # sexpgpu.tn on a lent GPU machine (one H200 is enough); logs under $OUT. From the repository root:
-#   bash benches/tn_session.sh [tests|bench|nodes]...   (default: all three)
+#   bash benches/tn_session.sh [tests|bench|products|nodes]...   (default: tests bench nodes)
 # tests: the tn GPU tests (quimb objects on cuda tensors, devices, passes, CholeskyQR2, thin kernel)
 # bench: the issue's target, benches/tn_gpu.py --sites 25 50 --chi 1000 --exact, five interleaved
 #        reps against src-method, complex128 and complex64 (needs CuPy for src-method)
+# products: complex64 with its products in double, then as three TF32 products of halves
 # nodes: two node processes sharing the GPU over loopback (Gloo, since NCCL refuses a shared GPU),
 #        device="gpu": every node returns one result, equal to one process's to rounding
 set -uo pipefail
@@ -23,6 +24,14 @@ for part in ${*:-tests bench nodes}; do
     timeout ${TN_TIMEOUT:-590} python3 benches/tn_gpu.py --sites 25 50 --chi 1000 --exact --reps 5 \
       > "$OUT/tn_gpu_bench.log" 2>&1
     grep -v "^ " "$OUT/tn_gpu_bench.log" | tail -8 ;;
+  products)
+    # complex64's products in double (the default) against three TF32 products of halves,
+    # each process against src-method in the same run.
+    for products in double split; do
+      timeout ${TN_TIMEOUT:-280} python3 benches/tn_gpu.py --sites 25 50 --chi 1000 --exact --reps 5 \
+        --dtypes complex64 --gpu-memory "" --products $products > "$OUT/tn_gpu_$products.log" 2>&1
+      grep -v "^ " "$OUT/tn_gpu_$products.log" | tail -3
+    done ;;
   nodes)
     for r in 1 0; do
       SEXPGPU_NODES=2 SEXPGPU_NODE_RANK=$r SEXPGPU_RENDEZVOUS=127.0.0.1:29563 SEXPGPU_NODE_TIMEOUT=120 \

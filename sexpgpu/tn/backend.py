@@ -35,6 +35,7 @@ from .cholqr import cholesky_qr2
 from .linalg import qr as host_qr
 from .linalg import qr_basis as host_qr_basis
 from .linalg import svd as host_svd
+from .split_products import split_bytes, split_product
 
 __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
 
@@ -46,13 +47,17 @@ Array = Any
 STAGE_THREADS = min(8, os.cpu_count() or 1)
 _STAGE_PIECE = 8 << 20
 
-# Single-precision complex products run in double on a GPU (`TorchBackend`):
-# the double copies of one product's operands and result stay under this many
-# bytes, which the plan reserves (`Backend.product_slack`); the product's
-# smallest dimension is at least _WIDE_DIM, so the widening's copies are small
-# against its arithmetic.
-WIDE_PRODUCT_BYTES = 256 * MiB
-_WIDE_DIM = 512
+# How a GPU's single-precision products run (`TorchBackend(products=...)`): as
+# they are, in double ("double": complex64 widened), or as three TF32 products
+# of split halves ("split", `sexpgpu.tn.split_products`).
+PRODUCTS = ("single", "double", "split")
+GPU_PRODUCTS = "double"  # the default on a GPU (benches/tn_gpu.py --products sets it)
+# The copies one such product makes of its operands and result stay under this
+# many bytes, which the plan reserves (`Backend.product_slack`); the product's
+# smallest dimension is at least _COPY_DIM, so the copies are small against
+# its arithmetic.
+PRODUCT_COPY_BYTES = 256 * MiB
+_COPY_DIM = 512
 
 
 class Backend:
@@ -367,23 +372,30 @@ class TorchBackend(Backend):
     device : Device
         ``cuda:N`` for a GPU; ``cpu:N`` runs on PyTorch's CPU device (the
         index names a simulated rank).
-    wide_products : bool, optional
-        Whether large complex64 products are computed in complex128 and
-        rounded once (default: on a GPU). On an H200 ZGEMM, on the FP64
-        tensor cores, outruns CGEMM on the FP32 units, so the sweep is no
-        slower and its error against the exact product falls about tenfold
-        (benches/README.md). The rule depends on the shapes alone, so every
-        budget still runs the same arithmetic.
+    products : {"single", "double", "split"}, optional
+        How large single-precision products run. ``"double"`` (the default
+        on a GPU, `GPU_PRODUCTS`): a complex64 product is computed in complex128 and rounded
+        once; on an H200 ZGEMM, on the FP64 tensor cores, outruns CGEMM on
+        the FP32 units, so the sweep is no slower and its error against the
+        exact product falls about tenfold (benches/README.md). ``"split"``:
+        a float32 or complex64 product is three TF32 tensor-core products of
+        its operands' halves, float32's precision
+        (`sexpgpu.tn.split_products`). ``"single"`` (the default elsewhere):
+        as they are. The rule depends on the shapes alone, so every budget
+        still runs the same arithmetic.
     """
 
     name = "torch"
 
-    def __init__(self, device: Device, *, wide_products: bool | None = None) -> None:
+    def __init__(self, device: Device, *, products: str | None = None) -> None:
         import torch  # a device library, loaded only for this backend
 
+        products = products or (GPU_PRODUCTS if device.is_cuda else "single")
+        if products not in PRODUCTS:
+            raise ValueError(f"products={products!r}: give one of {', '.join(PRODUCTS)}")
         self._torch = torch
         self.device = device
-        self._wide = device.is_cuda if wide_products is None else wide_products
+        self._products = products
         self.is_host = not device.is_cuda
         self._dev = device.torch_device()
         cuda = device.is_cuda
@@ -518,18 +530,30 @@ class TorchBackend(Backend):
         return self._product(self._torch.matmul, a, b)
 
     def product_slack(self, work: np.dtype) -> int:
-        return WIDE_PRODUCT_BYTES if self._wide and work == np.complex64 else 0
+        return PRODUCT_COPY_BYTES if self._copied(work) else 0
+
+    def _copied(self, work: np.dtype) -> bool:
+        """Whether `products` copies large products of `work` (``double``, ``split``)."""
+        if self._products == "double":
+            return work == np.complex64
+        return self._products == "split" and work in (np.complex64, np.float32)
 
     def _product(self, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-        """``gemm(a, b)``, in complex128 where `wide_products` applies to it."""
+        """``gemm(a, b)``, in complex128 or split as `products` says for a large one."""
         torch = self._torch
-        if not (self._wide and a.dtype == torch.complex64 and b.dtype == torch.complex64):
+        work = {torch.complex64: np.complex64, torch.float32: np.float32}.get(a.dtype)
+        if a.dtype != b.dtype or work is None or not self._copied(np.dtype(work)):
             return gemm(a, b)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        doubled = 2 * a.element_size() * batch * (m * k + k * n + m * n)
-        if min(m, k, n) < _WIDE_DIM or doubled > WIDE_PRODUCT_BYTES:
+        if self._products == "double":
+            copies = 2 * a.element_size() * batch * (m * k + k * n + m * n)
+        else:
+            copies = split_bytes(m, k, n, batch, a.is_complex())
+        if min(m, k, n) < _COPY_DIM or copies > PRODUCT_COPY_BYTES:
             return gemm(a, b)
+        if self._products == "split":
+            return split_product(torch, gemm, a, b)
         wide = torch.complex128
         return gemm(a.to(wide), b.to(wide)).to(torch.complex64)
 

@@ -175,8 +175,8 @@ def test_split_products_keep_single_precision(device, dtype):
     ):
         got = xp.matmul(a, b) if a.dim() == 3 else xp.dot(a, b)
         assert got.dtype == dtype and got.shape == product(a, b).shape
-        # on the tensor cores as on the FP32 units: float32's precision, within a few roundings
-        assert error(got, a, b, product) < 4 * max(error(product(a, b), a, b, product), 1e-7)
+        # float32's precision within a few roundings (one TF32 product alone is ~1000x off)
+        assert error(got, a, b, product) < 8 * max(error(product(a, b), a, b, product), 1e-7)
     # a small inner dimension, or double precision: the plain product
     a, b = draw(600, 100), draw(100, 600)
     assert torch.equal(xp.dot(a, b), plain.dot(a, b))

@@ -204,7 +204,6 @@ def torch_side(args: argparse.Namespace, mode: str, make_step=None) -> dict:
         if first is None:
             first = time.perf_counter() - STARTED
     return {
-        "side": f"torch {mode}",
         "step_s": statistics.median(times[args.warmup :]),
         "first_step_s": first,
         "peak_bytes": int(torch.cuda.max_memory_allocated()) if on_gpu else 0,

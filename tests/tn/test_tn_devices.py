@@ -136,7 +136,7 @@ def _complex64(rng, *shape):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, cuda])])
-def test_wide_products_round_a_double_product_once(device):
+def test_double_products_round_a_double_product_once(device):
     rng = np.random.default_rng(0)
     xp = TorchBackend(Device(device, 0), products="double")
     plain = TorchBackend(Device(device, 0), products="single")
@@ -199,7 +199,7 @@ def test_the_plan_reserves_the_product_slack():
     assert lean == minimum_budgets(st, 6, work)[0] + (1 << 20)
 
 
-def test_a_sweep_of_wide_products_matches_the_exact_product(monkeypatch):
+def test_a_sweep_of_double_products_matches_the_exact_product(monkeypatch):
     stack = make_stack("OO", 6, np.random.default_rng(2), np.complex64, chi=6, bond=3)
     plain = _run(stack, 64, backend="torch")
     monkeypatch.setattr(backend_module, "_COPY_DIM", 1)  # every product of the toy sweep

@@ -2,6 +2,7 @@
 
     python3 dev/product_probe.py [--rows 16384] [--lt-workspace BYTES]
     python3 dev/product_probe.py --layouts [--width 4096 --ffn 10944 --kv 1024]
+    python3 dev/product_probe.py --workspaces 1048576 33554432 [--rows 32768]
 
 For each product of a GPT-2 small training step (forward, the inputs'
 gradients, the weights' gradients; bf16, the operands laid out as the traced
@@ -14,6 +15,11 @@ each launches (torch.profiler), since a CUDA graph replays each as a node
 of its own. `--lt-workspace` sets the workspace sexpgpu's cuBLASLt calls
 offer (PyTorch's own is set by ``CUBLAS_WORKSPACE_CONFIG`` and
 ``CUBLASLT_WORKSPACE_SIZE``).
+
+`--workspaces` instead times the weights' gradients written in f32 by
+``mm_into`` (the 124M Llama's and GPT-2 small's shapes) with each cuBLASLt
+workspace size in turn, in one process, beside PyTorch's bf16 product and
+its cast: whether more workspace lets cuBLASLt split their long sums.
 
 `--layouts` instead times a Llama block's products (width, SwiGLU width,
 key/value width) in both layouts: sexpgpu's (a weight stored ``[in out]``:
@@ -38,6 +44,7 @@ parser.add_argument("--layouts", action="store_true", help="a Llama block's, in 
 parser.add_argument("--width", type=int, default=4096)
 parser.add_argument("--ffn", type=int, default=10944)
 parser.add_argument("--kv", type=int, default=1024)
+parser.add_argument("--workspaces", type=int, nargs="+", metavar="BYTES")
 args = parser.parse_args()
 cublaslt.WORKSPACE = args.lt_workspace
 r, w, v = args.rows, 768, 50304
@@ -123,7 +130,33 @@ def layouts() -> None:
                   f"{tb * 1e3:11.1f} {flops / tb / 1e9:5.0f}")  # fmt: skip
 
 
-if args.layouts:
+def workspaces() -> None:
+    """The weights' gradients by `mm_into` under each workspace size, microseconds."""
+    shapes = [(768, 768), (768, 256), (768, 2048), (2048, 768), (768, 3072), (3072, 768)]
+    inputs = {(i, o): (rand(r, i), rand(r, o)) for i, o in shapes}
+    times: dict[tuple[int, int], list[float]] = {s: [] for s in shapes}
+    for size in args.workspaces:
+        cublaslt.WORKSPACE = size  # a fresh plan and workspace for each size
+        cublaslt._plan.cache_clear()
+        cublaslt._workspace.cache_clear()
+        for (i, o), (x, dy) in inputs.items():
+            grad = torch.zeros(i, o, device="cuda")
+            fn = lambda x=x, dy=dy, grad=grad: torch.ops.sexpgpu.mm_into(x.t(), dy, grad, True)  # noqa: E731
+            times[(i, o)].append(do_bench(fn, warmup=25, rep=100) * 1e3)
+    sizes = "".join(f" {s >> 20:>5d} MiB" for s in args.workspaces)
+    print(f"{'x^T dy, rows ' + str(r):22s}{sizes}  torch bf16 + cast")
+    for (i, o), (x, dy) in inputs.items():
+        grad = torch.zeros(i, o, device="cuda")
+        peer = do_bench(
+            lambda x=x, dy=dy, grad=grad: grad.add_(torch.mm(x.t(), dy)), warmup=25, rep=100
+        )
+        cells = "".join(f" {us:7.1f}us" for us in times[(i, o)])
+        print(f"{f'{i} x {o}':22s}{cells}  {peer * 1e3:7.1f}us")
+
+
+if args.workspaces:
+    workspaces()
+elif args.layouts:
     layouts()
 else:
     print(f"{'product':28s} {'torch.mm':>14s} {'cuBLASLt':>14s} {'mm_into f32':>14s}  TFLOP/s (mm)")

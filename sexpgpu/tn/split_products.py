@@ -89,11 +89,13 @@ def _rounded(torch: Any, x: Any) -> Any:
 def _tf32(torch: Any) -> Iterator[None]:
     """float32 products on the tensor cores for the block's length (PyTorch's flag is global)."""
     flags = torch.backends.cuda.matmul
-    # PyTorch 2.9 on names the precision (and refuses to mix its two ways of setting it).
-    name, value = (
-        ("fp32_precision", "tf32") if hasattr(flags, "fp32_precision") else ("allow_tf32", True)
-    )
-    before = getattr(flags, name)
+    # `allow_tf32` sets PyTorch's old switch and its newer per-backend one alike (the
+    # cuda device sets it so); where the newer one was set apart, reading the old one
+    # raises, and the newer one is used alone: mixing them makes PyTorch's readers raise.
+    try:
+        name, value, before = "allow_tf32", True, flags.allow_tf32
+    except RuntimeError:
+        name, value, before = "fp32_precision", "tf32", flags.fp32_precision
     setattr(flags, name, value)
     try:
         yield

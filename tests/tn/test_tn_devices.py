@@ -209,6 +209,16 @@ def test_a_sweep_of_double_products_matches_the_exact_product(monkeypatch):
     assert rel_error(wide, dense_stack(stack)) < EXACT_TOL[np.complex64]
 
 
+def test_split_products_set_tf32_for_their_length_only():
+    from sexpgpu.tn.split_products import _tf32
+
+    flags = torch.backends.cuda.matmul
+    before = flags.allow_tf32
+    with _tf32(torch):
+        assert flags.allow_tf32 and flags.fp32_precision == "tf32"
+    assert flags.allow_tf32 == before  # and the two switches agree again: no raise
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.complex64])
 def test_a_sweep_of_split_products_matches_the_exact_product(monkeypatch, dtype):
     stack = make_stack("OO", 6, np.random.default_rng(4), dtype, chi=6, bond=3)

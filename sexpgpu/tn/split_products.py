@@ -36,31 +36,34 @@ def split_bytes(m: int, k: int, n: int, batch: int, complex_: bool) -> int:
     if complex_:  # the smaller operand doubled into a block matrix, the other stacked
         small, large = sorted((m * k, k * n))
         operands, result = 4 * small + 2 * large, 2 * m * n
+        held = 2 * operands  # hi, and the real form made lo in place
     else:
         operands, result = m * k + k * n, m * n
-    # hi and lo of each operand, float32; the result and one product's temporary.
-    return 4 * batch * (2 * operands + 2 * result)
+        held = 3 * operands  # hi, the rest and lo: the caller's operands are left alone
+    # float32; the result and one product's temporary.
+    return 4 * batch * (held + 2 * result)
 
 
 def split_product(torch: Any, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     """``gemm(a, b)`` for float32 or complex64 `a`, `b` by three TF32 products of halves."""
     if not a.is_complex():
-        return _three(torch, gemm, a, b)
+        return _three(torch, gemm, a, b, owned=False)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     ar, ai, br, bi = a.real, a.imag, b.real, b.imag
     if m * k <= k * n:  # [ar -ai; ai ar] [br; bi] = [re; im]
         left = torch.cat([torch.cat([ar, -ai], -1), torch.cat([ai, ar], -1)], -2)
-        c = _three(torch, gemm, left, torch.cat([br, bi], -2))
+        c = _three(torch, gemm, left, torch.cat([br, bi], -2), owned=True)
         return torch.complex(c[..., :m, :], c[..., m:, :])
     # [ar ai] [br bi; -bi br] = [re im]
     right = torch.cat([torch.cat([br, bi], -1), torch.cat([-bi, br], -1)], -2)
-    c = _three(torch, gemm, torch.cat([ar, ai], -1), right)
+    c = _three(torch, gemm, torch.cat([ar, ai], -1), right, owned=True)
     return torch.complex(c[..., :n], c[..., n:])
 
 
-def _three(torch: Any, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-    hi_a, lo_a = _halves(torch, a)
-    hi_b, lo_b = _halves(torch, b)
+def _three(torch: Any, gemm: Callable[[Any, Any], Any], a: Any, b: Any, *, owned: bool) -> Any:
+    """The three products; `owned` operands (made here) become their own lo halves."""
+    hi_a, lo_a = _halves(torch, a, owned)
+    hi_b, lo_b = _halves(torch, b, owned)
     del a, b
     with _tf32(torch):
         c = gemm(lo_a, hi_b)  # the small terms first, then the large one
@@ -69,11 +72,18 @@ def _three(torch: Any, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     return c
 
 
-def _halves(torch: Any, x: Any) -> tuple[Any, Any]:
-    """``hi, lo``, both exact in TF32, with ``x - hi - lo`` at most ``2**-22 |x|``."""
+def _halves(torch: Any, x: Any, owned: bool) -> tuple[Any, Any]:
+    """``hi, lo``, both exact in TF32, with ``x - hi - lo`` at most ``2**-22 |x|``.
+
+    An `owned` `x` (contiguous, made by the caller) is made `lo` in place.
+    """
     x = x.contiguous()
     hi = _rounded(torch, x)
-    return hi, _rounded(torch, x - hi)
+    if not owned:
+        return hi, _rounded(torch, x - hi)
+    x.sub_(hi)
+    x.view(torch.int32).add_(_TF32_HALF).bitwise_and_(_TF32_MASK)
+    return hi, x
 
 
 def _rounded(torch: Any, x: Any) -> Any:

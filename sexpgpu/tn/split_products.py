@@ -36,12 +36,11 @@ def split_bytes(m: int, k: int, n: int, batch: int, complex_: bool) -> int:
     if complex_:  # the smaller operand doubled into a block matrix, the other stacked
         small, large = sorted((m * k, k * n))
         operands, result = 4 * small + 2 * large, 2 * m * n
-        held = 2 * operands  # hi, and the real form made lo in place
     else:
         operands, result = m * k + k * n, m * n
-        held = 3 * operands  # hi, the rest and lo: the caller's operands are left alone
-    # float32; the result and one product's temporary.
-    return 4 * batch * (held + 2 * result)
+    # float32: each operand's hi and lo (a complex one's real form made lo in place); the
+    # result and one product's temporary.
+    return 4 * batch * (2 * operands + 2 * result)
 
 
 def split_product(torch: Any, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
@@ -78,21 +77,18 @@ def _halves(torch: Any, x: Any, owned: bool) -> tuple[Any, Any]:
     An `owned` `x` (contiguous, made by the caller) is made `lo` in place.
     """
     x = x.contiguous()
-    hi = _rounded(torch, x)
-    if not owned:
-        return hi, _rounded(torch, x - hi)
-    x.sub_(hi)
-    x.view(torch.int32).add_(_TF32_HALF).bitwise_and_(_TF32_MASK)
-    return hi, x
+    hi = _rounded(torch, x.clone())
+    return hi, _rounded(torch, x.sub_(hi) if owned else x - hi)
 
 
 def _rounded(torch: Any, x: Any) -> Any:
-    """`x` (float32, contiguous, finite) rounded to TF32's mantissa, to nearest.
+    """`x` (float32, contiguous, finite) rounded to TF32's mantissa, to nearest, in place.
 
     On the bits: a float's magnitude grows with its pattern, and a carry out of
     the mantissa moves the exponent up, as rounding up should.
     """
-    return ((x.view(torch.int32) + _TF32_HALF) & _TF32_MASK).view(torch.float32)
+    x.view(torch.int32).add_(_TF32_HALF).bitwise_and_(_TF32_MASK)
+    return x
 
 
 @contextmanager

@@ -356,10 +356,11 @@ class FusedGraph:
         # cache: so that run meets this one's entry in Inductor's cache.
         packed = pack_graph(gm)
         inputs = input_metadata(gm)
-        with noting_key() as noted:
-            compiled = compile_part(unpack_graph(packed), inputs, str(self.device), options)
+        compiled, key = _compiled_noting_key(
+            unpack_graph(packed), inputs, str(self.device), options
+        )
         self.kernels = self._kernel_map(compiled)
-        kept = {"graphs": [(packed, inputs)], "keys": [noted.key], "parent": None, "names": []}
+        kept = {"graphs": [(packed, inputs)], "keys": [key], "parent": None, "names": []}
         return compiled, kept
 
     def _compile_parts(
@@ -395,9 +396,9 @@ class FusedGraph:
             if failed:
                 log.debug("compile worker: %s not compiled (%s); compiled here", names[i], failed)
             graph = unpack_graph(jobs[i]["graph"])
-            with noting_key() as noted:
-                compiled[names[i]] = compile_part(graph, jobs[i]["inputs"], device, options)
-            keys[i] = noted.key
+            compiled[names[i]], keys[i] = _compiled_noting_key(
+                graph, jobs[i]["inputs"], device, options
+            )
             by_part[i] = self._kernel_map(compiled[names[i]])
         self.kernels = [k for i in range(len(names)) for k in by_part[i]]
         self.parts = len(parts)
@@ -445,9 +446,7 @@ class FusedGraph:
                 loaded = load_by_key(keys[i], gm, options) if keys[i] is not None else None
                 if loaded is None:
                     hits = counters["inductor"]["fxgraph_cache_hit"]
-                    with noting_key() as noted:
-                        loaded = compile_part(gm, inputs, device, options)
-                    keys[i] = noted.key
+                    loaded, keys[i] = _compiled_noting_key(gm, inputs, device, options)
                     cached += counters["inductor"]["fxgraph_cache_hit"] > hits
                 else:
                     cached += 1
@@ -635,6 +634,15 @@ class FusedGraph:
         for (family, forms), count in folded.items():
             lines.append(f"kernel x{count} {first[(family, forms)]} <- {forms or 'no IR node'}")
         return lines
+
+
+def _compiled_noting_key(
+    gm: torch.fx.GraphModule, inputs: Any, device: str, options: dict
+) -> tuple[Any, str | None]:
+    """`compile_part`'s result, and the AOTAutograd key its compile noted (`noting_key`)."""
+    with noting_key() as noted:
+        compiled = compile_part(gm, inputs, device, options)
+    return compiled, noted.key
 
 
 def _fed_ids(graph: Graph) -> dict[Node, Node | None]:

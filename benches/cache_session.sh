@@ -22,7 +22,10 @@ ARGS=${ARGS:-}
 CACHE=${CACHE:-/tmp/sexpgpu-cache-session}
 # Bytecode as an installed Python keeps it: a site-packages without .pyc files (as on
 # some lent machines) spends ~9 s compiling torch's modules from source on every start.
+# PYTHONDONTWRITEBYTECODE (set on some lent machines) would keep the cold run from
+# writing it: every run then compiled torch from source (8 s of a warm start).
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/sexpgpu-pycache}
+unset PYTHONDONTWRITEBYTECODE
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
 

@@ -19,13 +19,14 @@ Besides ``sexpgpu``, sexpgpu's side can run with one of its module
 settings changed, to measure a mechanism against the default in one run
 (`SEXPGPU_SIDES`): ``sexpgpu-products`` makes the cheap values products read
 again in the backward too (docs/ir.md, "Cheap values, always");
-``sexpgpu-workspace`` offers the cuBLASLt products 32 MiB of workspace
-instead of 1 MiB, so that the weights' gradients, written in f32 straight
-into their sums, may split their long sums as PyTorch's cuBLAS products do.
+``sexpgpu-1mib`` offers the cuBLASLt products 1 MiB of workspace instead
+of 32 MiB (the default before 2026-12-06), with which the weights'
+gradients, written in f32 straight into their sums, cannot split their
+long sums as PyTorch's cuBLAS products do.
 
     python benches/gpt2_cuda.py                        # batch 16 and 32, every side
     python benches/gpt2_cuda.py --batches 16 --sides sexpgpu eager
-    python benches/gpt2_cuda.py --sides sexpgpu sexpgpu-workspace reduce-overhead
+    python benches/gpt2_cuda.py --sides sexpgpu sexpgpu-1mib reduce-overhead
     python benches/gpt2_cuda.py --smoke                # a tiny GPT on the CPU (CI)
 
 ``--smoke`` trains a one-layer GPT of width 32 for three steps, sexpgpu on
@@ -57,7 +58,7 @@ from cpu_interpreter import GPT as CPU_GPT  # noqa: E402
 SEXPGPU_SIDES: dict[str, dict[str, dict[str, object]]] = {
     "sexpgpu": {},
     "sexpgpu-products": {"sexpgpu.devices.cuda.planner": {"CHEAP_INTO_PRODUCTS": True}},
-    "sexpgpu-workspace": {"sexpgpu.devices.cuda.cublaslt": {"WORKSPACE": 32 << 20}},
+    "sexpgpu-1mib": {"sexpgpu.devices.cuda.cublaslt": {"WORKSPACE": 1 << 20}},
 }
 PEERS = ["eager", "compile", "reduce-overhead"]
 

@@ -17,11 +17,11 @@ Run from the repository root on a machine with a GPU, CuPy and src-method::
 
     python benches/tn_gpu.py [--sites 25 50] [--chi 1000] [--reps 5]
                              [--dtypes complex128 complex64] [--gpu-memory 2GiB]
-                             [--products single|double|split]
+                             [--products single|double]
 
 ``--products`` sets how sexpgpu.tn runs its large single-precision products
 on the GPU (`sexpgpu.tn.backend.GPU_PRODUCTS`: in double, the default, or
-as three TF32 tensor-core products of split halves).
+as they are).
 
 ``--smoke`` runs a tiny case of every path on the CPU (CI).
 """

@@ -4,7 +4,7 @@
 # tests: the tn GPU tests (quimb objects on cuda tensors, devices, passes, CholeskyQR2, thin kernel)
 # bench: the issue's target, benches/tn_gpu.py --sites 25 50 --chi 1000 --exact, five interleaved
 #        reps against src-method, complex128 and complex64 (needs CuPy for src-method)
-# products: complex64 with its products in double, then as three TF32 products of halves
+# products: complex64 with its products in double, then as they are (single)
 # nodes: two node processes sharing the GPU over loopback (Gloo, since NCCL refuses a shared GPU),
 #        device="gpu": every node returns one result, equal to one process's to rounding
 set -uo pipefail
@@ -25,9 +25,9 @@ for part in ${*:-tests bench nodes}; do
       > "$OUT/tn_gpu_bench.log" 2>&1
     grep -v "^ " "$OUT/tn_gpu_bench.log" | tail -8 ;;
   products)
-    # complex64's products in double (the default) against three TF32 products of halves,
+    # complex64's products in double (the default) against single precision,
     # each process against src-method in the same run.
-    for products in double split; do
+    for products in double single; do
       timeout ${TN_TIMEOUT:-280} python3 benches/tn_gpu.py --sites 25 50 --chi 1000 --exact --reps 5 \
         --dtypes complex64 --gpu-memory "" --products $products > "$OUT/tn_gpu_$products.log" 2>&1
       grep -v "^ " "$OUT/tn_gpu_$products.log" | tail -3

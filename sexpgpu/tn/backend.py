@@ -35,7 +35,6 @@ from .cholqr import cholesky_qr2
 from .linalg import qr as host_qr
 from .linalg import qr_basis as host_qr_basis
 from .linalg import svd as host_svd
-from .split_products import split_bytes, split_product
 
 __all__ = ["Backend", "NumpyBackend", "TorchBackend", "torch_dtype"]
 
@@ -48,9 +47,9 @@ STAGE_THREADS = min(8, os.cpu_count() or 1)
 _STAGE_PIECE = 8 << 20
 
 # How a GPU's single-precision products run (`TorchBackend(products=...)`): as
-# they are, in double ("double": complex64 widened), or as three TF32 products
-# of split halves ("split", `sexpgpu.tn.split_products`).
-PRODUCTS = ("single", "double", "split")
+# they are, or in double ("double": complex64 widened). Three TF32 products of
+# split halves were slower and less accurate, twice (benches/README.md).
+PRODUCTS = ("single", "double")
 GPU_PRODUCTS = "double"  # the default on a GPU (benches/tn_gpu.py --products sets it)
 # The copies one such product makes of its operands and result stay under this
 # many bytes, which the plan reserves (`Backend.product_slack`); the product's
@@ -372,15 +371,12 @@ class TorchBackend(Backend):
     device : Device
         ``cuda:N`` for a GPU; ``cpu:N`` runs on PyTorch's CPU device (the
         index names a simulated rank).
-    products : {"single", "double", "split"}, optional
+    products : {"single", "double"}, optional
         How large single-precision products run. ``"double"`` (the default
         on a GPU, `GPU_PRODUCTS`): a complex64 product is computed in complex128 and rounded
         once; on an H200 ZGEMM, on the FP64 tensor cores, outruns CGEMM on
         the FP32 units, so the sweep is no slower and its error against the
-        exact product falls about tenfold (benches/README.md). ``"split"``:
-        a float32 or complex64 product is three TF32 tensor-core products of
-        its operands' halves, float32's precision
-        (`sexpgpu.tn.split_products`). ``"single"`` (the default elsewhere):
+        exact product falls about tenfold (benches/README.md). ``"single"`` (the default elsewhere):
         as they are. The rule depends on the shapes alone, so every budget
         still runs the same arithmetic.
     """
@@ -533,27 +529,19 @@ class TorchBackend(Backend):
         return PRODUCT_COPY_BYTES if self._copied(work) else 0
 
     def _copied(self, work: np.dtype) -> bool:
-        """Whether `products` copies large products of `work` (``double``, ``split``)."""
-        if self._products == "double":
-            return work == np.complex64
-        return self._products == "split" and work in (np.complex64, np.float32)
+        """Whether `products` copies large products of `work` (complex64 in ``double``)."""
+        return self._products == "double" and work == np.complex64
 
     def _product(self, gemm: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
-        """``gemm(a, b)``, in complex128 or split as `products` says for a large one."""
+        """``gemm(a, b)``, in complex128 where `products` says so for a large one."""
         torch = self._torch
-        work = {torch.complex64: np.complex64, torch.float32: np.float32}.get(a.dtype)
-        if a.dtype != b.dtype or work is None or not self._copied(np.dtype(work)):
+        if a.dtype != b.dtype or a.dtype != torch.complex64 or not self._copied(np.complex64):
             return gemm(a, b)
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         batch = prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        if self._products == "double":
-            copies = 2 * a.element_size() * batch * (m * k + k * n + m * n)
-        else:
-            copies = split_bytes(m, k, n, batch, a.is_complex())
+        copies = 2 * a.element_size() * batch * (m * k + k * n + m * n)
         if min(m, k, n) < _COPY_DIM or copies > PRODUCT_COPY_BYTES:
             return gemm(a, b)
-        if self._products == "split":
-            return split_product(torch, gemm, a, b)
         wide = torch.complex128
         return gemm(a.to(wide), b.to(wide)).to(torch.complex64)
 

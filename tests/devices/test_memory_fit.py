@@ -86,9 +86,9 @@ def test_explain_plans_the_cuda_device_that_fits_a_smaller_card(capsys, monkeypa
 
     plain, before = explain("80GiB")
     assert "recompute:" not in plain
-    # The cuda plan of the smoke GPT on PyTorch's CPU is 118.9 MiB, nearly all workspaces.
-    out, after = explain("115MiB")
-    line = r"; recompute: \d+ values, \+[\d.]+% FLOPs, plan [\d.]+ MiB of 115\.0 MiB"
+    # The cuda plan of the smoke GPT on PyTorch's CPU is 148.7 MiB, nearly all workspaces.
+    out, after = explain("144MiB")
+    line = r"; recompute: \d+ values, \+[\d.]+% FLOPs, plan [\d.]+ MiB of 144\.0 MiB"
     assert re.search(line, out)
     assert "E-MEM-001" not in out
     assert after > before  # the graph printed is the one the device runs, recomputing

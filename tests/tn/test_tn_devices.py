@@ -150,42 +150,8 @@ def test_double_products_round_a_double_product_once(device):
     assert torch.equal(xp.dot(a.cdouble(), b.cdouble()), torch.mm(a.cdouble(), b.cdouble()))
     assert xp.product_slack(np.dtype("c8")) == PRODUCT_COPY_BYTES
     assert xp.product_slack(np.dtype("c16")) == plain.product_slack(np.dtype("c8")) == 0
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, cuda])])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
-def test_split_products_keep_single_precision(device, dtype):
-    rng = np.random.default_rng(3)
-    xp = TorchBackend(Device(device, 0), products="split")
-    plain = TorchBackend(Device(device, 0), products="single")
-
-    def draw(*shape):
-        x = _complex64(rng, *shape).to(device)
-        return x if dtype == torch.complex64 else x.real.contiguous()
-
-    def error(got, a, b, product):
-        exact = product(a.to(torch.complex128), b.to(torch.complex128))
-        return ((got.to(torch.complex128) - exact).abs().max() / exact.abs().max()).item()
-
-    # both block layouts (the left operand or the right one the smaller), and a batch
-    for a, b, product in (
-        (draw(530, 600), draw(600, 700), torch.mm),
-        (draw(700, 600), draw(600, 530), torch.mm),
-        (draw(2, 520, 512), draw(2, 512, 540), torch.bmm),
-    ):
-        got = xp.matmul(a, b) if a.dim() == 3 else xp.dot(a, b)
-        assert got.dtype == dtype and got.shape == product(a, b).shape
-        # float32's precision within a few roundings (one TF32 product alone is ~1000x off)
-        assert error(got, a, b, product) < 8 * max(error(product(a, b), a, b, product), 1e-7)
-    # a small inner dimension, or double precision: the plain product
-    a, b = draw(600, 100), draw(100, 600)
-    assert torch.equal(xp.dot(a, b), plain.dot(a, b))
-    wide = a.to(torch.complex128 if dtype == torch.complex64 else torch.float64)
-    assert torch.equal(xp.dot(wide, wide.mT), torch.mm(wide, wide.mT))
-    assert xp.product_slack(np.dtype(str(dtype).removeprefix("torch."))) == PRODUCT_COPY_BYTES
-    assert xp.product_slack(np.dtype("c16")) == plain.product_slack(np.dtype("c8")) == 0
-    with pytest.raises(ValueError, match="products='tf32'"):
-        TorchBackend(Device(device, 0), products="tf32")
+    with pytest.raises(ValueError, match="products='split'"):
+        TorchBackend(Device(device, 0), products="split")
 
 
 def test_the_plan_reserves_the_product_slack():
@@ -207,25 +173,6 @@ def test_a_sweep_of_double_products_matches_the_exact_product(monkeypatch):
     wide = _run(stack, 64, backend="torch")
     assert any(not np.array_equal(x, y) for x, y in zip(wide, plain, strict=True))
     assert rel_error(wide, dense_stack(stack)) < EXACT_TOL[np.complex64]
-
-
-def test_split_products_set_tf32_for_their_length_only():
-    from sexpgpu.tn.split_products import _tf32
-
-    flags = torch.backends.cuda.matmul
-    before = flags.allow_tf32
-    with _tf32(torch):
-        assert flags.allow_tf32 and flags.fp32_precision == "tf32"
-    assert flags.allow_tf32 == before  # and the two switches agree again: no raise
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
-def test_a_sweep_of_split_products_matches_the_exact_product(monkeypatch, dtype):
-    stack = make_stack("OO", 6, np.random.default_rng(4), dtype, chi=6, bond=3)
-    monkeypatch.setattr(backend_module, "_COPY_DIM", 1)  # every product of the toy sweep
-    monkeypatch.setattr(engine, "TorchBackend", functools.partial(TorchBackend, products="split"))
-    split = _run(stack, 64, backend="torch")
-    assert rel_error(split, dense_stack(stack)) < EXACT_TOL[dtype]
 
 
 # ----- on a GPU (python -m pytest -m gpu tests/tn) ------------------------------------------

@@ -46,9 +46,11 @@ _PREF_ALIGNMENT = {"a": 5, "b": 6, "c": 7, "d": 8}
 _SAME_BITS_EVERY_RUN = 2 | 4
 _COMPUTE_32F, _R_32F = 68, 0
 _TYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 14}
-# PyTorch gives its cuBLASLt handles 1 MiB on an H200 (dev/memory_peak.py); the
-# epilogues' kernels split no sums, and the memory plan counts this (one a GPU).
-WORKSPACE = 1 << 20
+# Room for the split sums of the weights' gradients: a 768x768 f32 product split
+# four ways over 32k rows needs 9 MiB, and with 1 MiB (what PyTorch gives its
+# cuBLASLt handles) cuBLASLt picks kernels that do not split them, 2.5% slower
+# on a 124M Llama (benches/README.md). The memory plan counts it (one a GPU).
+WORKSPACE = 32 << 20
 _HEURISTIC_BYTES = 96  # cublasLtMatmulHeuristicResult_t: algo (64), size_t, status, float, int[4]
 
 

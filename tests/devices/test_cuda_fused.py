@@ -17,6 +17,7 @@ from device_seam import device_named
 from sexpgpu.devices.cpu import CpuProgram
 from sexpgpu.errors import SexpgpuError
 from sexpgpu.ir.compile import compile_run
+from sexpgpu.ir.ops import Op
 from sexpgpu.lang import load_experiment, load_experiment_text
 
 torch = pytest.importorskip("torch")
@@ -106,6 +107,7 @@ def test_a_whole_step_returns_its_sums(kind: str) -> None:
     batches = [_feeds(graph, seed) for seed in (1, 2, 3)]
     fused = FusedGraph(graph, device, sums=[], examples={**batches[0], **params})
     assert fused.zero_buffers() == {}
+    assert fused.calls_cublaslt  # gelu in its products' epilogues: the plan counts the workspace
     interpreter = CpuProgram(graph)
     # On a GPU: a plain call, a capture, a replay.
     for batch in batches:
@@ -113,6 +115,15 @@ def test_a_whole_step_returns_its_sums(kind: str) -> None:
         for name, value in interpreter({**batch, **host}).items():
             np.testing.assert_allclose(got[name].cpu().numpy(), value, rtol=1e-4, atol=1e-5)
     assert fused.captured is (kind == "cuda")
+
+
+def test_a_step_without_cublaslts_products_says_so() -> None:
+    """relu in f32, returned as made: the plan leaves out cuBLASLt's workspace."""
+    experiment = load_experiment_text(MLP.replace(" gelu ", " relu "), "mlp.lisp")
+    graph = compile_run(experiment, experiment.run()).train_graph
+    params = {n.name: torch.zeros(n.shape) for n in graph.nodes() if n.op is Op.PARAM}
+    fused = FusedGraph(graph, torch.device("cpu"), sums=[], examples={**_feeds(graph, 1), **params})
+    assert (fused.gelu_products, fused.sum_products, fused.calls_cublaslt) == ((0, 0), 0, False)
 
 
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
@@ -126,6 +137,7 @@ def test_a_whole_step_makes_its_bf16_weight_gradients_in_f32_as_a_summing_one(ki
     whole = FusedGraph(graph, device, sums=[], examples=feeds)
     summing = FusedGraph(graph, device, sums=list(graph.outputs), examples=feeds)
     assert whole.sum_products == summing.sum_products == 2  # both linear layers' weights
+    assert whole.calls_cublaslt and summing.calls_cublaslt
     buffers = summing.zero_buffers()
     summing(feeds, buffers, zeros=True)
     got = whole(feeds, {})

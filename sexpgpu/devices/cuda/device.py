@@ -147,19 +147,20 @@ class CudaDevice:
         finally:
             pool.close()  # later graphs (other GPUs', a resume's) compile in-process
 
-    def library_workspace(self) -> int:
+    def library_workspace(self, cublaslt: bool = True) -> int:
         """What cuBLAS and cuBLASLt take from PyTorch's allocator, in bytes.
 
         PyTorch keeps a cuBLAS workspace per (thread, stream) pair: the rank's
         thread computes on its stream; where steps are captured, the
         capture's stream is a second, and the thread that plans (its trace and
-        dry call run the step) holds a third. Captured steps' products with
-        gelu in their epilogues have a cuBLASLt workspace of their own.
+        dry call run the step) holds a third. Captured steps whose products
+        run through `sexpgpu.devices.cuda.cublaslt` (`cublaslt`) have its
+        workspace too.
         """
         from sexpgpu.devices.cuda.cublaslt import WORKSPACE
 
         if self.captures:
-            return 3 * CUBLAS_WORKSPACE + WORKSPACE
+            return 3 * CUBLAS_WORKSPACE + (WORKSPACE if cublaslt else 0)
         return CUBLAS_WORKSPACE
 
     @property

@@ -252,6 +252,11 @@ class FusedGraph:
         sizes = {n.name: n.size for n in self.graph.nodes() if n.op is Op.PARAM}
         return sum(2 * sizes[p] for p in self.copied)
 
+    @property
+    def calls_cublaslt(self) -> bool:
+        """Whether the step runs cuBLASLt's products (gelu epilogues, sums written in place)."""
+        return any(self.gelu_products) or self.sum_products > 0
+
     def _traced(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         names = [n.name for n in self.inputs] + self.params
         feeds = dict(zip(names, flat, strict=False))

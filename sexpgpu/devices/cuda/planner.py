@@ -58,7 +58,7 @@ class PlanningDevice(Protocol):
     @property
     def captures(self) -> bool: ...
 
-    def library_workspace(self) -> int: ...
+    def library_workspace(self, cublaslt: bool = True) -> int: ...
 
     def device_name(self) -> str: ...
 
@@ -285,10 +285,15 @@ class Planner:
             "constants": constants,
             "activations": max(0, live - fed - constants),
             # The libraries', and the update rule's scratch (`UPDATE_SCRATCH`).
-            "workspace": device.library_workspace() + scratch,
+            "workspace": device.library_workspace(self._calls_cublaslt(degree)) + scratch,
             # NCCL sums packed copies of the gradients (devices/cuda/collectives.py).
             "collectives": params if ranks > 1 else 0,
         }
+
+    def _calls_cublaslt(self, degree: int) -> bool:
+        """Whether the call at `degree` runs cuBLASLt's products: counted until its trace says."""
+        fused = self._fused.get(degree)
+        return fused is None or (not isinstance(fused, str) and fused.calls_cublaslt)
 
     def _stacked(self, degree: int) -> Graph:
         """The training graph running `degree` microbatches per call (1: the graph itself)."""

@@ -23,6 +23,7 @@ from ir_opcheck import _graph
 from test_ops import CASES
 
 from sexpgpu.devices.cpu import run
+from sexpgpu.devices.cuda import executor
 from sexpgpu.devices.cuda.attention import BACKENDS, sdpa_forward
 from sexpgpu.devices.cuda.executor import TorchGraph, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import LOWERING_EXEMPT, LOWERINGS, ids_checked_by_caller
@@ -186,6 +187,42 @@ def test_cross_entropy_is_made_with_its_gradient_where_the_weights_can_come_firs
     assert moved is not weights_from_loss
     call = program.report()["ops"]["cross-entropy"]["call"]
     assert ("xent_with_grad" in call) is not weights_from_loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("read_after", [False, True], ids=["logits-dead", "logits-read"])
+def test_the_gradient_is_written_over_logits_nothing_reads_after(
+    dtype: str, device: str, read_after: bool, monkeypatch
+) -> None:
+    x, w = b.input("x", (3, 4, 2), dtype), b.param("w", (2, 37), dtype)
+    logits = b.matmul(x, w)  # a buffer of the call's own
+    ids = b.input("ids", (3, 4), "int32")
+    loss = b.sum(b.cross_entropy(logits, ids), axes=(0, 1))
+    weights = b.broadcast_to(b.reshape(b.constant(1 / 12, "f32"), (1, 1)), (3, 4))
+    grad = b.cross_entropy_grad(logits, ids, weights)
+    outputs = {"loss": loss, "grad": grad}
+    if read_after:  # read after the loss: the gradient needs a buffer of its own
+        outputs["twice"] = b.add(grad, logits)
+    graph = Graph.of(outputs, [x, w, ids])
+    rng = np.random.default_rng(2)
+    feeds = {
+        "x": rng.normal(size=(3, 4, 2)),
+        "w": rng.normal(size=(2, 37)),
+        "ids": rng.integers(0, 37, (3, 4)).astype(np.int32),
+    }
+    program = _compare(graph, feeds, device, dtype)
+    assert program.report()["with_grad"] == 1
+    assert bool(program._over) is not read_after
+    # The schedule counts the logits and their gradient as one buffer where it overwrites.
+    monkeypatch.setattr(executor, "_FRESH", frozenset())  # never written over
+    apart = TorchGraph(graph, torch.device(device))
+    saved = apart.planned_peak_bytes - program.planned_peak_bytes
+    if read_after:
+        assert saved == 0
+    else:  # the peak moves to the product, which holds the fed operands beside the logits
+        item = 4 if dtype == "f32" else 2
+        assert 3 * 4 * 37 * item - (x.size + w.size) * item <= saved < 3 * 4 * 37 * item
 
 
 @pytest.mark.parametrize("backend", ["flash-cpu", "math"])

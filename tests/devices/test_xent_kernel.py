@@ -33,6 +33,11 @@ def _check(logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, grad_dtype)
     torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
     rtol, atol = TOL[grad_dtype]
     torch.testing.assert_close(grad.float(), want_grad.float(), rtol=rtol, atol=atol)
+    if grad_dtype == logits.dtype:  # the same kernel writing the gradient over its logits
+        over = logits.clone()
+        xent.launch(over, ids, g, loss, over)
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(over.float(), want_grad.float(), rtol=rtol, atol=atol)
 
 
 @interpreted_only
@@ -66,6 +71,9 @@ def test_the_op_on_the_cpu_is_the_torch_arithmetic():
     _check(logits, ids, g, torch.float32)
     want_loss, want_grad = xent._in_torch(logits, ids, g, torch.float32)
     torch.testing.assert_close((loss, grad), (want_loss, want_grad))
+    over = logits.clone()
+    loss = torch.ops.sexpgpu.xent_with_grad_over(over, ids, g)
+    torch.testing.assert_close((loss, over), (want_loss, want_grad))
 
 
 @pytest.mark.gpu
@@ -82,3 +90,7 @@ def test_the_compiled_kernel_at_gpt2s_vocabulary(dtype):
     want = xent._in_torch(logits, ids, g, dtype)
     torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad.float(), want[1].float(), rtol=TOL[dtype][0], atol=1e-6)
+    over = logits.clone()
+    loss = torch.ops.sexpgpu.xent_with_grad_over(over, ids, g)  # written over its logits
+    torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(over.float(), want[1].float(), rtol=TOL[dtype][0], atol=1e-6)

@@ -53,11 +53,13 @@ from sexpgpu.devices.schedule import free_lists, last_uses, simulate_peak
 from sexpgpu.ir.decompose import decompose
 from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import ConstArray, Graph, Node
-from sexpgpu.ir.ops import FED, VIEW, Op
+from sexpgpu.ir.ops import FED, PRODUCT, VIEW, Op
 
 __all__ = ["TorchGraph", "feed_tensor", "made_once_bytes", "select_sdpa_backend"]
 
 _MADE_ONCE = frozenset({Op.CONSTANT, Op.IOTA})
+# Ops whose torch call always returns a new buffer (a cast may return its operand).
+_FRESH = PRODUCT | {Op.ADD}
 XENT_CALL = "the loss and its gradient in one kernel (sexpgpu::xent_with_grad: Triton on a GPU)"
 # Gradients that take what their forward stashed, and the forwards' operand counts.
 _PAIRED = {Op.ATTENTION_GRAD: Op.ATTENTION, Op.CROSS_ENTROPY_GRAD: Op.CROSS_ENTROPY}
@@ -147,6 +149,15 @@ class TorchGraph:
         last = last_uses(self.order, self._outputs.values(), inputs)
         for j, i in pairs.items():
             last[i] = max(last[i], j)  # the stash holds the forward's output until then
+        storage = self._storage()
+        # Logits nothing reads after their cross-entropy take its gradient (one dtype).
+        self._over = {
+            i
+            for j, i in with_grad.items()
+            if self.order[i].inputs[0].dtype == self.order[j].dtype
+            and self._writable(storage[inputs[i][0]])
+            and all(last[m] <= i for m, b in enumerate(storage) if b == storage[inputs[i][0]])
+        }
         frees = free_lists(last)
         made_with = {**with_grad, **{i: j for j, i in with_grad.items()}}
         steps = [
@@ -154,6 +165,18 @@ class TorchGraph:
             for i, node in enumerate(self.order)
         ]
         return steps, users, last
+
+    def _storage(self) -> list[int]:
+        """Each position's buffer: the position that made it (views share their operand's)."""
+        storage = list(range(len(self.order)))
+        for i, node in enumerate(self.order):
+            if node.op in VIEW:
+                storage[i] = storage[self._pos[id(node.inputs[0])]]
+        return storage
+
+    def _writable(self, i: int) -> bool:
+        """Whether position `i` made a buffer of its own: a product or a sum (torch allocates)."""
+        return self.order[i].op in _FRESH
 
     def peak_with_params_held(self) -> tuple[int, Node | None]:
         """(peak bytes, node at the peak), the parameters held for the whole call.
@@ -169,13 +192,15 @@ class TorchGraph:
         """(peak bytes, node at the peak): buffers added as they appear, dropped after last use."""
         last = self._last
         n = len(self.order)
-        storage = list(range(n))
+        storage = self._storage()
+        for i in self._over:  # the gradient is made in its logits' buffer
+            j = self.steps[i].made_with
+            storage[j] = storage[self.steps[i].args[0]]
         buffer_last = list(last)
         nbytes = [0] * n
         always = 0
         for i, node in enumerate(self.order):
-            if node.op in VIEW:
-                storage[i] = storage[self._pos[id(node.inputs[0])]]
+            if storage[i] != i:
                 buffer_last[storage[i]] = max(buffer_last[storage[i]], last[i])
             elif node.op in _MADE_ONCE:
                 always += made_once_bytes(node)
@@ -186,6 +211,8 @@ class TorchGraph:
         change: Counter = Counter()  # what a forward stashes, until its (last) gradient
         for i in self._stash_users:
             last_grad = max(j for j, s in enumerate(self.steps) if s.forward == i)
+            if i in self._over:  # the gradient is its logits' buffer (counted as theirs)
+                continue
             if self.steps[i].made_with is not None:  # the gradient itself, made early
                 change[i] += nbytes[last_grad]
                 change[last_grad] -= nbytes[last_grad]
@@ -270,7 +297,7 @@ class TorchGraph:
             out = _Pieces(parts, 0)
         elif node.op is Op.CROSS_ENTROPY and step.made_with is not None:
             grad = self.order[step.made_with]
-            out, aux = cross_entropy_with_grad(node, grad, *args)
+            out, aux = cross_entropy_with_grad(node, grad, *args, over=i in self._over)
         elif node.op is Op.CROSS_ENTROPY and i in self._stash_users:
             out, aux = cross_entropy_and_lse(node, *args)
         elif node.op is Op.CROSS_ENTROPY_GRAD and step.made_with is not None:

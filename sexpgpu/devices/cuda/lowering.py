@@ -352,14 +352,25 @@ def cross_entropy_grad(node: Node, logits: T, targets: T, g: T, lse: T | None = 
     return probs.reshape(logits.shape).to(torch_dtype(node.dtype))
 
 
-def cross_entropy_with_grad(node: Node, grad: Node, logits: T, targets: T, g: T) -> tuple[T, T]:
-    """The per-row loss of `node` and its gradient `grad` (``g``: a weight a row), in one kernel."""
+def cross_entropy_with_grad(
+    node: Node, grad: Node, logits: T, targets: T, g: T, over: bool = False
+) -> tuple[T, T]:
+    """The per-row loss of `node` and its gradient `grad` (``g``: a weight a row), in one kernel.
+
+    `over`: the gradient is written over the logits, which nothing reads
+    after (`TorchGraph` decides; the two have one dtype).
+    """
     _check_ids(node, targets, logits.shape[-1])
     flat = logits.reshape(-1, logits.shape[-1])
     weights = g.reshape(-1)
-    loss, out = torch.ops.sexpgpu.xent_with_grad(
-        flat, targets.reshape(-1), weights, torch_dtype(grad.dtype)
-    )
+    if over:
+        flat = flat if flat.is_contiguous() else flat.contiguous()  # rows of their own
+        loss = torch.ops.sexpgpu.xent_with_grad_over(flat, targets.reshape(-1), weights)
+        out = flat
+    else:
+        loss, out = torch.ops.sexpgpu.xent_with_grad(
+            flat, targets.reshape(-1), weights, torch_dtype(grad.dtype)
+        )
     return loss.reshape(targets.shape).to(torch_dtype(node.dtype)), out.reshape(logits.shape)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from sexpgpu.devices.cuda.triton_support import available, kernel
 
-__all__ = ["BLOCK", "WARPS", "launch", "xent_with_grad"]
+__all__ = ["BLOCK", "WARPS", "launch", "xent_with_grad", "xent_with_grad_over"]
 
 # Logits a load and warps a row, the fastest measured on an H200 at GPT-2's
 # vocabulary (dev/xent_sweep.py; benches/README.md has the sweep).
@@ -61,6 +61,36 @@ def _(logits, ids, g, grad_dtype):
     grad = torch.empty(logits.shape, dtype=grad_dtype, device=logits.device)
     launch(_rows(logits), ids, g, loss, grad)
     return loss, grad
+
+
+@torch.library.custom_op("sexpgpu::xent_with_grad_over", mutates_args=("logits",))
+def xent_with_grad_over(logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The per-row loss of 2-D `logits` (f32 or f64); the gradient is written over them.
+
+    For logits nothing reads after the loss: the step holds one ``[rows
+    vocab]`` buffer where `xent_with_grad` holds two (1.5 GiB at GPT-2
+    small's head, batch 16). Each row is read whole before its gradient is
+    written, so the kernel is the same, its output its input.
+    """
+    loss, grad = _in_torch(logits, ids, g, logits.dtype)
+    logits.copy_(grad)
+    return loss
+
+
+@xent_with_grad_over.register_fake
+def _(logits, ids, g):
+    return logits.new_empty(logits.shape[:1], dtype=_wide(logits.dtype))
+
+
+@xent_with_grad_over.register_kernel("cuda")
+def _(logits, ids, g):
+    if logits.dtype == torch.float64 or not available(logits.device) or logits.stride(-1) != 1:
+        loss, grad = _in_torch(logits, ids, g, logits.dtype)
+        logits.copy_(grad)
+        return loss
+    loss = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
+    launch(logits, ids, g, loss, logits)
+    return loss
 
 
 def _in_torch(logits, ids, g, grad_dtype):

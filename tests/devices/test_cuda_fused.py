@@ -126,6 +126,25 @@ def test_a_step_without_cublaslts_products_says_so() -> None:
     assert (fused.gelu_products, fused.sum_products, fused.calls_cublaslt) == ((0, 0), 0, False)
 
 
+@GPU
+def test_the_compiled_step_writes_the_gradient_over_its_logits() -> None:
+    """Logits most of the step: its measured peak holds one [rows vocab] buffer, not two."""
+    text = MLP.replace("(linear 32) gelu (linear 10)", "(linear 16384 :bias false)")
+    text = text.replace(":batch 16", ":batch 1024").replace(":seed 3", ':seed 3 :dtype "bf16"')
+    experiment = load_experiment_text(text, "mlp.lisp")
+    graph = compile_run(experiment, experiment.run()).train_graph
+    device = _device("cuda")
+    params = {
+        n.name: torch.zeros(n.shape, device=device) for n in graph.nodes() if n.op is Op.PARAM
+    }
+    feeds = {**_feeds(graph, 1), **params}
+    fused = FusedGraph(graph, device, sums=[], examples=feeds)
+    # bf16 logits, 32 MiB; beside them the weight's f32 gradient and bf16 copy, 6 MiB
+    logits = 1024 * 16384 * 2
+    peak = fused.call_peak_bytes(feeds)
+    assert peak is not None and logits <= peak < 1.5 * logits, peak  # a copy would be 2x
+
+
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=GPU)])
 def test_a_whole_step_makes_its_bf16_weight_gradients_in_f32_as_a_summing_one(kind) -> None:
     """The products a step returns are made in f32 at once (``mm_f32``), bit for bit the sums'."""

@@ -213,7 +213,9 @@ def test_the_gradient_is_written_over_logits_nothing_reads_after(
     }
     program = _compare(graph, feeds, device, dtype)
     assert program.report()["with_grad"] == 1
-    assert bool(program._over) is not read_after
+    assert program.report()["over"] == (0 if read_after else 1)
+    call = program.report()["ops"]["cross-entropy"]["call"]
+    assert ("the gradient over the logits for 1" in call) is not read_after
     # The schedule counts the logits and their gradient as one buffer where it overwrites.
     monkeypatch.setattr(executor, "_FRESH", frozenset())  # never written over
     apart = TorchGraph(graph, torch.device(device))

@@ -332,6 +332,7 @@ class TorchGraph:
             "attention_nodes": {"%12 attention": "flash", ...},
             "stashed": <gradients taking what their forward stashed>,
             "with_grad": <cross-entropies made with their gradient>,
+            "over": <those of them whose gradient is written over their logits>,
             "ops": {"matmul": {"call": "torch.matmul (cuBLAS on CUDA)", "count": 12}, ...},
             "planned_peak_bytes": int}``
         """
@@ -346,8 +347,12 @@ class TorchGraph:
             "attention_nodes": self.attention_backends(),
             "stashed": sum(self._stash_users.values()),
             "with_grad": with_grad,
+            "over": len(self._over),
             "ops": {
-                op.label: {"call": _torch_call(op, backends, with_grad), "count": count}
+                op.label: {
+                    "call": _torch_call(op, backends, with_grad, len(self._over)),
+                    "count": count,
+                }
                 for op, count in sorted(counts.items(), key=lambda item: item[0].value)
             },
             "planned_peak_bytes": self.planned_peak_bytes,
@@ -440,11 +445,12 @@ def _whole(value: Any) -> Any:
     return torch.stack(value.parts, value.axis) if isinstance(value, _Pieces) else value
 
 
-def _torch_call(op: Op, backends: list[str], with_grad: int) -> str:
+def _torch_call(op: Op, backends: list[str], with_grad: int, over: int) -> str:
     if op in (Op.ATTENTION, Op.ATTENTION_GRAD) and backends:
         return f"{TORCH_CALLS[op]} ({', '.join(backends)})"
     if op in (Op.CROSS_ENTROPY, Op.CROSS_ENTROPY_GRAD) and with_grad:
-        return f"{XENT_CALL} for {with_grad}; alone, {TORCH_CALLS[op]}"
+        written = f", the gradient over the logits for {over}" if over else ""
+        return f"{XENT_CALL} for {with_grad}{written}; alone, {TORCH_CALLS[op]}"
     return TORCH_CALLS[op]
 
 

@@ -227,6 +227,15 @@ def test_the_gradient_is_written_over_logits_nothing_reads_after(
         assert 3 * 4 * 37 * item - (x.size + w.size) * item <= saved < 3 * 4 * 37 * item
 
 
+def test_a_cross_entropy_alone_holds_no_f32_rows_where_the_kernel_runs() -> None:
+    logits = b.input("logits", (3, 4, 37), "bf16")
+    loss = b.sum(b.cross_entropy(logits, b.input("ids", (3, 4), "int32")), axes=(0, 1))
+    graph = Graph.of({"loss": loss}, [logits])
+    torch_calls = TorchGraph(graph, torch.device("cpu"), kernels=False).planned_peak_bytes
+    kernel = TorchGraph(graph, torch.device("cpu"), kernels=True).planned_peak_bytes
+    assert torch_calls - kernel == 2 * 4 * logits.size  # an f32 copy and the shifted rows
+
+
 @pytest.mark.parametrize("backend", ["flash-cpu", "math"])
 def test_cpu_attention_backends(backend: str) -> None:
     program = _compare(

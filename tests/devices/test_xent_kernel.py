@@ -33,6 +33,9 @@ def _check(logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, grad_dtype)
     torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
     rtol, atol = TOL[grad_dtype]
     torch.testing.assert_close(grad.float(), want_grad.float(), rtol=rtol, atol=atol)
+    alone = torch.full(logits.shape[:1], float("nan"), device=logits.device)
+    xent.launch(logits, ids, g, alone, None)  # the loss alone: the first pass
+    torch.testing.assert_close(alone, want_loss, rtol=1e-5, atol=1e-5)
     if grad_dtype == logits.dtype:  # the same kernel writing the gradient over its logits
         over = logits.clone()
         xent.launch(over, ids, g, loss, over)
@@ -74,6 +77,7 @@ def test_the_op_on_the_cpu_is_the_torch_arithmetic():
     over = logits.clone()
     loss = torch.ops.sexpgpu.xent_with_grad_over(over, ids, g)
     torch.testing.assert_close((loss, over), (want_loss, want_grad))
+    torch.testing.assert_close(torch.ops.sexpgpu.xent_loss(logits, ids), want_loss)
 
 
 @pytest.mark.gpu
@@ -90,6 +94,8 @@ def test_the_compiled_kernel_at_gpt2s_vocabulary(dtype):
     want = xent._in_torch(logits, ids, g, dtype)
     torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad.float(), want[1].float(), rtol=TOL[dtype][0], atol=1e-6)
+    alone = torch.ops.sexpgpu.xent_loss(logits, ids)  # the loss alone
+    torch.testing.assert_close(alone, want[0], rtol=1e-5, atol=1e-5)
     over = logits.clone()
     loss = torch.ops.sexpgpu.xent_with_grad_over(over, ids, g)  # written over its logits
     torch.testing.assert_close(loss, want[0], rtol=1e-5, atol=1e-5)

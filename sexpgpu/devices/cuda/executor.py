@@ -49,6 +49,7 @@ from sexpgpu.devices.cuda.lowering import (
     cross_entropy_with_grad,
     torch_dtype,
 )
+from sexpgpu.devices.cuda.triton_support import available
 from sexpgpu.devices.schedule import free_lists, last_uses, simulate_peak
 from sexpgpu.ir.decompose import decompose
 from sexpgpu.ir.dtypes import DType
@@ -89,6 +90,10 @@ class TorchGraph:
     attention_backend
         Force one of `sexpgpu.devices.cuda.attention.BACKENDS`; default:
         `select_sdpa_backend` for each attention's dtype.
+    kernels
+        Whether sexpgpu's Triton kernels run (a cross-entropy alone then
+        holds no f32 rows); default: where `device` has them. A plan made on
+        the CPU for a GPU says True.
 
     Attributes
     ----------
@@ -99,12 +104,17 @@ class TorchGraph:
     """
 
     def __init__(
-        self, graph: Graph, device: torch.device, attention_backend: str | None = None
+        self,
+        graph: Graph,
+        device: torch.device,
+        attention_backend: str | None = None,
+        kernels: bool | None = None,
     ) -> None:
         # What the lowering has no kernel for runs as its decomposition into primitives.
         graph = decompose(graph, keep=LOWERINGS.__contains__)
         self.graph = graph
         self.device = torch.device(device)
+        self._kernels = available(self.device) if kernels is None else kernels
         self.order = _weights_before_forwards(graph.nodes())
         self._pos = {id(n): i for i, n in enumerate(self.order)}
         self._outputs = {name: self._pos[id(n)] for name, n in graph.outputs.items()}
@@ -225,6 +235,9 @@ class TorchGraph:
             0 if step.made_with is not None else _temporary_bytes(node)
             for node, step in zip(self.order, self.steps, strict=True)
         ]
+        for i, node in enumerate(self.order):  # alone, the kernel's one pass holds nothing
+            if node.op is Op.CROSS_ENTROPY and i not in self._stash_users and self._kernels:
+                transient[i] = 0
         return simulate_peak(
             self.order,
             storage,

@@ -374,9 +374,15 @@ def cross_entropy_with_grad(
     return loss.reshape(targets.shape).to(torch_dtype(node.dtype)), out.reshape(logits.shape)
 
 
-@lowering(Op.CROSS_ENTROPY, call="torch.logsumexp - gather (f32 for bf16)")
+@lowering(
+    Op.CROSS_ENTROPY,
+    call="the loss in one pass (sexpgpu::xent_loss: Triton on a GPU; torch.logsumexp - gather)",
+)
 def _cross_entropy(node: Node, logits: T, targets: T) -> T:
-    return cross_entropy_and_lse(node, logits, targets)[0]
+    _check_ids(node, targets, logits.shape[-1])
+    flat = logits.reshape(-1, logits.shape[-1])  # as they are: the kernel reads bf16
+    loss = torch.ops.sexpgpu.xent_loss(flat, targets.reshape(-1))
+    return loss.reshape(targets.shape).to(torch_dtype(node.dtype))
 
 
 @lowering(Op.ATTENTION, call="scaled-dot-product attention")

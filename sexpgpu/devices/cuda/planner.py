@@ -126,6 +126,7 @@ class Planner:
         self.device, self.compiled, self.per_rank, self.pool = device, compiled, per_rank, pool
         self.torch = device.torch
         self.first = self.torch.device(device.first)
+        self._gpu = device.kind == "cuda"  # planned as a GPU runs it, here or on the CPU
         self._stacks: dict[int, Graph] = {}
         # Per degree: the graph a fitting call runs, and its cheap values made again (`_base`).
         self._bases: dict[int, tuple[Graph, int]] = {}
@@ -392,7 +393,7 @@ class Planner:
         """
         key = (id(graph), whole)
         if key not in self._live:
-            train = _schedule_peak(graph, self.torch, whole)
+            train = _schedule_peak(graph, self.torch, whole, self._gpu)
             self._live[key] = (graph, max(train, self._eval_live(), key=_bytes))
         return self._live[key][1]
 
@@ -402,7 +403,7 @@ class Planner:
 
     def _eval_live(self) -> tuple[int, Any]:
         if self._eval is None:
-            self._eval = _schedule_peak(self.compiled.eval_graph, self.torch)
+            self._eval = _schedule_peak(self.compiled.eval_graph, self.torch, gpu=self._gpu)
         return self._eval
 
     def _fused_graph(self, degree: int) -> FusedGraph | str:
@@ -560,14 +561,18 @@ def _lowering_lines(graph: Graph, device: Any) -> list[str]:
     return TorchGraph(graph, device).report_lines()
 
 
-def _schedule_peak(graph: Graph, torch: Any, held: bool = False) -> tuple[int, Any]:
+def _schedule_peak(
+    graph: Graph, torch: Any, held: bool = False, gpu: bool = False
+) -> tuple[int, Any]:
     """(bytes, node at the peak) of `graph`'s op-by-op schedule, planned on the CPU.
 
-    `held`: with the parameters held for the whole call (`TorchGraph.peak_with_params_held`).
+    `held`: with the parameters held for the whole call (`TorchGraph.peak_with_params_held`);
+    `gpu`: as a GPU runs it (sexpgpu's Triton kernels).
     """
     from sexpgpu.devices.cuda.executor import TorchGraph
 
-    plan = TorchGraph(graph, torch.device("cpu"))  # planning allocates only small constants
+    # Planning allocates only small constants.
+    plan = TorchGraph(graph, torch.device("cpu"), kernels=gpu)
     return plan.peak_with_params_held() if held else (plan.planned_peak_bytes, plan.peak_node)
 
 

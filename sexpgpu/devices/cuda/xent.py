@@ -26,7 +26,7 @@ import torch
 
 from sexpgpu.devices.cuda.triton_support import available, kernel
 
-__all__ = ["BLOCK", "WARPS", "launch", "xent_with_grad", "xent_with_grad_over"]
+__all__ = ["BLOCK", "WARPS", "launch", "xent_loss", "xent_with_grad", "xent_with_grad_over"]
 
 # Logits a load and warps a row, the fastest measured on an H200 at GPT-2's
 # vocabulary (dev/xent_sweep.py; benches/README.md has the sweep).
@@ -93,6 +93,37 @@ def _(logits, ids, g):
     return loss
 
 
+@torch.library.custom_op("sexpgpu::xent_loss", mutates_args=())
+def xent_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The per-row loss of 2-D `logits` (f32 or f64), without the gradient (an evaluation's).
+
+    On a GPU the kernel's first pass alone: no f32 copy of the logits (two
+    ``[rows vocab]`` f32 buffers in torch's calls: 6 GiB at GPT-2 small's
+    head, batch 16).
+    """
+    return _loss_in_torch(logits, ids)
+
+
+def _loss_in_torch(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    flat = logits.to(_wide(logits.dtype))
+    picked = flat.gather(1, ids.long()[:, None])[:, 0]
+    return torch.logsumexp(flat, dim=-1) - picked
+
+
+@xent_loss.register_fake
+def _(logits, ids):
+    return logits.new_empty(logits.shape[:1], dtype=_wide(logits.dtype))
+
+
+@xent_loss.register_kernel("cuda")
+def _(logits, ids):
+    if logits.dtype == torch.float64 or not available(logits.device):
+        return _loss_in_torch(logits, ids)
+    loss = torch.empty(logits.shape[:1], dtype=torch.float32, device=logits.device)
+    launch(_rows(logits), ids, loss, loss, None)  # `g` unread
+    return loss
+
+
 def _in_torch(logits, ids, g, grad_dtype):
     """The same arithmetic as the kernel, in torch calls (the CPU, and f64 logits)."""
     flat = logits.to(_wide(logits.dtype))
@@ -110,19 +141,26 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 
 
 def launch(
-    logits: torch.Tensor, ids: torch.Tensor, g: torch.Tensor, loss: torch.Tensor, grad: torch.Tensor
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    g: torch.Tensor,
+    loss: torch.Tensor,
+    grad: torch.Tensor | None,
 ) -> None:
     """Run the kernel: `loss` ``[rows]`` f32 and `grad` (contiguous rows) from 2-D `logits`.
 
-    `g` is one value per row and may be a broadcast (stride 0).
+    `g` is one value per row and may be a broadcast (stride 0); without
+    `grad` the kernel makes the loss alone (`g` is not read).
     """
     import triton  # where the kernel runs, Triton is
 
     rows, vocab = logits.shape
     if rows == 0:
         return
-    assert logits.stride(-1) == 1 and grad.stride(-1) == 1
+    out = loss if grad is None else grad  # not written without the gradient
+    assert logits.stride(-1) == 1 and out.stride(-1) == 1
     kernel("xent_kernel", "xent_rows_kernel")[(rows,)](
-        logits, logits.stride(0), ids, g, g.stride(0), loss, grad, grad.stride(0), vocab,
+        logits, logits.stride(0), ids, g, g.stride(0), loss, out, out.stride(0), vocab,
         BLOCK=min(BLOCK, triton.next_power_of_2(vocab)), num_warps=WARPS,
+        WITH_GRAD=grad is not None,
     )  # fmt: skip

@@ -9,12 +9,13 @@ __all__ = ["xent_rows_kernel"]
 @triton.jit
 def xent_rows_kernel(
     logits_ptr, row_stride, ids_ptr, g_ptr, g_stride, loss_ptr, grad_ptr, grad_stride, V,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, WITH_GRAD: tl.constexpr,
 ):  # fmt: skip
     # One program: one row. The first pass keeps a running maximum and the
     # sum of exponentials below it (one exp per logit); the second reads the
     # row again and writes g * (softmax - onehot). (Fewer rows in flight, to
     # find the row in L2 the second time, measured slower: dev/xent_sweep.py.)
+    # Without WITH_GRAD the loss alone: the first pass.
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * row_stride
     target = tl.load(ids_ptr + row).to(tl.int64)
@@ -30,6 +31,8 @@ def xent_rows_kernel(
     lse = m + tl.log(s)
     picked = tl.load(base + target).to(tl.float32)
     tl.store(loss_ptr + row, lse - picked)
+    if not WITH_GRAD:
+        return
     g = tl.load(g_ptr + row * g_stride).to(tl.float32)
     out = grad_ptr + row * grad_stride
     for start in range(0, V, BLOCK):

@@ -126,7 +126,7 @@ class TorchGraph:
         # What each attention node ran: (backend, why it fell back), never its
         # tensors, which would outlive the call (1.2 GiB of examples/gpt.lisp's).
         self._used: dict[int, tuple[str, str | None]] = {}
-        self.steps, self._stash_users, self._last = self._plan()
+        self.steps, self._stash_users, self._last, self._over = self._plan()
         self.planned_peak_bytes, self.peak_node = self._peak()
         self._constants = {
             i: LOWERINGS[n.op](n, self.device)
@@ -140,7 +140,7 @@ class TorchGraph:
         """Paired gradient's position -> the position of its forward, where the graph has it."""
         return _pairs(self.order)
 
-    def _plan(self) -> tuple[list[_Step], Counter, list[int]]:
+    def _plan(self) -> tuple[list[_Step], Counter, list[int], set[int]]:
         pairs = self._pairs()
         users = Counter(pairs.values())
         # Cross-entropies made with their (only) gradient: the forward reads the
@@ -161,7 +161,7 @@ class TorchGraph:
             last[i] = max(last[i], j)  # the stash holds the forward's output until then
         storage = self._storage()
         # Logits nothing reads after their cross-entropy take its gradient (one dtype).
-        self._over = {
+        over = {
             i
             for j, i in with_grad.items()
             if self.order[i].inputs[0].dtype == self.order[j].dtype
@@ -174,7 +174,7 @@ class TorchGraph:
             _Step(node, inputs[i], frees[i], pairs.get(i), made_with.get(i))
             for i, node in enumerate(self.order)
         ]
-        return steps, users, last
+        return steps, users, last, over
 
     def _storage(self) -> list[int]:
         """Each position's buffer: the position that made it (views share their operand's)."""
@@ -231,13 +231,7 @@ class TorchGraph:
             lse = 4 * (rows.size // max(rows.shape[-1], 1))  # f32, one per row
             change[i] += lse
             change[last_grad + 1] -= lse
-        transient = [
-            0 if step.made_with is not None else _temporary_bytes(node)
-            for node, step in zip(self.order, self.steps, strict=True)
-        ]
-        for i, node in enumerate(self.order):  # alone, the kernel's one pass holds nothing
-            if node.op is Op.CROSS_ENTROPY and i not in self._stash_users and self._kernels:
-                transient[i] = 0
+        transient = [self._transient(i) for i in range(n)]
         return simulate_peak(
             self.order,
             storage,
@@ -247,6 +241,15 @@ class TorchGraph:
             change=change,
             transient=transient,
         )
+
+    def _transient(self, i: int) -> int:
+        """Bytes step `i`'s kernels hold only while they run (`_temporary_bytes`)."""
+        step = self.steps[i]
+        if step.made_with is not None:  # one kernel, a row at a time
+            return 0
+        if step.node.op is Op.CROSS_ENTROPY and i not in self._stash_users and self._kernels:
+            return 0  # alone: the kernel's one pass
+        return _temporary_bytes(step.node)
 
     def constant(self, node: Node) -> torch.Tensor:
         """The tensor the plan made once for a CONSTANT or IOTA `node` of the graph."""

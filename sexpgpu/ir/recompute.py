@@ -468,6 +468,7 @@ def fit(
     fits: Callable[[Graph], bool],
     flops: Callable[[Graph], int],
     loss: str = "loss",
+    finish: Callable[[Graph], Graph] | None = None,
 ) -> Recomputation | None:
     """The least recomputation of `graph` that `fits`; None where `graph` fits as it is.
 
@@ -481,6 +482,10 @@ def fit(
         The FLOPs a graph's step costs, for the report.
     loss
         The output the forward ends in.
+    finish
+        What the device makes of a rewritten graph before it runs it (its
+        sibling products joined): each candidate is judged, and returned, as
+        finished.
 
     Returns
     -------
@@ -495,9 +500,13 @@ def fit(
     walk = moves(graph, loss)
     made: dict[int, tuple[Graph, int]] = {}
 
+    def rewrite(roots: list[Node]) -> tuple[Graph, int]:
+        rewritten, values = _rewrite(graph, roots, loss)
+        return (finish(rewritten) if finish else rewritten), values
+
     def at(k: int) -> tuple[Graph, int]:
         if k not in made:
-            made[k] = _rewrite(graph, [r for move in walk[:k] for r in move.roots], loss)
+            made[k] = rewrite([r for move in walk[:k] for r in move.roots])
         return made[k]
 
     base = flops(graph)
@@ -512,17 +521,20 @@ def fit(
     tried, at_cuts = [], cuts(graph, loss)
     for every in _SPACINGS:
         roots = _checkpointed(graph, loss, every, at_cuts)
-        rewritten, values = _rewrite(graph, roots, loss)
+        rewritten, values = rewrite(roots)
         tried.append(Recomputation(rewritten, values, flops(rewritten), base, False))
         if fits(rewritten):
-            rewritten, values = _kept_back(graph, roots, fits, loss)
+            rewritten, values = _kept_back(graph, roots, fits, rewrite)
             found.append(Recomputation(rewritten, values, flops(rewritten), base, True))
             break
     return min(found, key=lambda r: (r.flops, r.values)) if found else tried[0]
 
 
 def _kept_back(
-    graph: Graph, roots: list[Node], fits: Callable[[Graph], bool], loss: str
+    graph: Graph,
+    roots: list[Node],
+    fits: Callable[[Graph], bool],
+    rewrite: Callable[[list[Node]], tuple[Graph, int]],
 ) -> tuple[Graph, int]:
     """`graph` recomputing `roots` but for the most of them kept back that still fits.
 
@@ -537,7 +549,7 @@ def _kept_back(
     def keeping(k: int) -> tuple[Graph, int]:
         if k not in made:
             kept = {id(n) for n in order[:k]}
-            made[k] = _rewrite(graph, [n for n in roots if id(n) not in kept], loss)
+            made[k] = rewrite([n for n in roots if id(n) not in kept])
         return made[k]
 
     # The most kept back that fits: the fewest left to recompute (all of them fit).

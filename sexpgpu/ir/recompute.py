@@ -468,7 +468,6 @@ def fit(
     fits: Callable[[Graph], bool],
     flops: Callable[[Graph], int],
     loss: str = "loss",
-    finish: Callable[[Graph], Graph] | None = None,
 ) -> Recomputation | None:
     """The least recomputation of `graph` that `fits`; None where `graph` fits as it is.
 
@@ -482,10 +481,6 @@ def fit(
         The FLOPs a graph's step costs, for the report.
     loss
         The output the forward ends in.
-    finish
-        What the device makes of a rewritten graph before it runs it (its
-        sibling products joined): each candidate is judged, and returned, as
-        finished.
 
     Returns
     -------
@@ -500,13 +495,9 @@ def fit(
     walk = moves(graph, loss)
     made: dict[int, tuple[Graph, int]] = {}
 
-    def rewrite(roots: list[Node]) -> tuple[Graph, int]:
-        rewritten, values = _rewrite(graph, roots, loss)
-        return (finish(rewritten) if finish else rewritten), values
-
     def at(k: int) -> tuple[Graph, int]:
         if k not in made:
-            made[k] = rewrite([r for move in walk[:k] for r in move.roots])
+            made[k] = _rewrite(graph, [r for move in walk[:k] for r in move.roots], loss)
         return made[k]
 
     base = flops(graph)
@@ -521,20 +512,17 @@ def fit(
     tried, at_cuts = [], cuts(graph, loss)
     for every in _SPACINGS:
         roots = _checkpointed(graph, loss, every, at_cuts)
-        rewritten, values = rewrite(roots)
+        rewritten, values = _rewrite(graph, roots, loss)
         tried.append(Recomputation(rewritten, values, flops(rewritten), base, False))
         if fits(rewritten):
-            rewritten, values = _kept_back(graph, roots, fits, rewrite)
+            rewritten, values = _kept_back(graph, roots, fits, loss)
             found.append(Recomputation(rewritten, values, flops(rewritten), base, True))
             break
     return min(found, key=lambda r: (r.flops, r.values)) if found else tried[0]
 
 
 def _kept_back(
-    graph: Graph,
-    roots: list[Node],
-    fits: Callable[[Graph], bool],
-    rewrite: Callable[[list[Node]], tuple[Graph, int]],
+    graph: Graph, roots: list[Node], fits: Callable[[Graph], bool], loss: str
 ) -> tuple[Graph, int]:
     """`graph` recomputing `roots` but for the most of them kept back that still fits.
 
@@ -549,7 +537,7 @@ def _kept_back(
     def keeping(k: int) -> tuple[Graph, int]:
         if k not in made:
             kept = {id(n) for n in order[:k]}
-            made[k] = rewrite([n for n in roots if id(n) not in kept])
+            made[k] = _rewrite(graph, [n for n in roots if id(n) not in kept], loss)
         return made[k]
 
     # The most kept back that fits: the fewest left to recompute (all of them fit).

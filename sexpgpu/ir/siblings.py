@@ -26,7 +26,7 @@ from __future__ import annotations
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.node import Graph, Node, topological_order
 from sexpgpu.ir.ops import VIEW, Op
-from sexpgpu.ir.passes import rewrite, with_inputs
+from sexpgpu.ir.passes import cse, rewrite, with_inputs
 
 __all__ = ["merge_siblings"]
 
@@ -38,22 +38,8 @@ def _weight(node: Node) -> bool:
     return node.op is Op.PARAM and node.ndim == 2
 
 
-def _operand(node: Node) -> tuple:
-    """Which value a product's left operand is, the views it takes counted by what they do.
-
-    Each linear layer reshapes its input for itself: two such reshapes of one
-    value are one operand. Only views are compared so: a recomputed value (a
-    copy made in the backward) stays a value of its own.
-    """
-    views = []
-    while node.op in VIEW:
-        views.append((node.op, node.dtype, node.shape, node.attr_key()))
-        node = node.inputs[0]
-    return (id(node), *views)
-
-
-def _phases(graph: Graph, loss: str) -> tuple[set[int], set[int]]:
-    """(the forward's values, those of them the backward reads directly or through views)."""
+def _held(graph: Graph, loss: str) -> set[int]:
+    """The forward values (of output `loss`) the backward reads, directly or through views."""
     forward = {id(n) for n in topological_order([graph.outputs[loss]])}
     held: set[int] = set()
     for node in graph.nodes():
@@ -64,29 +50,29 @@ def _phases(graph: Graph, loss: str) -> tuple[set[int], set[int]]:
                     if x.op not in VIEW:
                         break
                     x = x.inputs[0]
-    return forward, held
+    return held
 
 
 def merge_siblings(graph: Graph, loss: str | None = None) -> Graph:
     """`graph` with each group of products of one input by weights made one product.
 
-    In a training graph (`loss` its forward's output), products the backward
-    reads join only products it reads too, and the others only others: a
-    slice kept for the backward (attention's values) would keep its siblings'
-    bytes (the queries and keys, which the backward does not read) alive with
-    it. A graph that recomputes joins the products it makes again in the
-    backward among themselves, never with the forward's.
+    Common subexpressions are merged first: each linear layer reshapes its
+    input for itself. In a training graph (`loss` its forward's output),
+    products the backward reads join only products it reads too, and the
+    others only others: a slice kept for the backward (attention's values)
+    would keep its siblings' bytes (the queries and keys, which the
+    backward does not read) alive with it.
     """
-    forward, held = _phases(graph, loss) if loss is not None else (set(), set())
-    groups: dict[tuple, list[Node]] = {}
+    given, graph = graph, cse(graph)
+    held = _held(graph, loss) if loss is not None else set()
+    groups: dict[tuple[int, str, bool], list[Node]] = {}
     for node in graph.nodes():
         if node.op is Op.MATMUL and _weight(node.inputs[1]):
-            phase = (id(node) in forward, id(node) in held)
-            key = (_operand(node.inputs[0]), node.dtype.name, phase)
+            key = (id(node.inputs[0]), node.dtype.name, id(node) in held)
             groups.setdefault(key, []).append(node)
     members = {id(n): group for group in groups.values() if len(group) > 1 for n in group}
     if not members:
-        return graph
+        return given
     merged: dict[int, Node] = {}  # first member's id -> the one product
 
     def visit(node: Node, inputs: tuple[Node, ...]) -> Node:

@@ -176,9 +176,7 @@ class Planner:
             # Recomputation, chosen with the degree: the least that fits at each one,
             # judged by the schedule (no compile); larger degrees need more.
             for d in reversed(self._degrees()):
-                found = fit(
-                    self._stacked(d), lambda g, d=d: fits(d, g), matmul_flops, finish=self._joined
-                )
+                found = fit(self._stacked(d), lambda g, d=d: fits(d, g), matmul_flops)
                 assert found is not None  # the stacked graph does not fit
                 self._recompute[d] = found
                 if not found.fits:
@@ -239,7 +237,6 @@ class Planner:
             self._stacked(degree),
             lambda g: plan_at(degree, (self._live_of(g, whole)[0] + missed, None)).fits,
             matmul_flops,
-            finish=self._joined,
         )
         if found is None or not found.fits or (old is not None and found.graph is old.graph):
             return False
@@ -315,22 +312,17 @@ class Planner:
         Its sibling products made one (`sexpgpu.ir.siblings`), and its cheap
         values made again in the backward, by the fused kernels that read them
         (`sexpgpu.ir.recompute.cheap`). Recomputation to fit starts from the
-        stacked graph itself (its checkpointing makes those values again with
-        their segments anyway, and keeps back products one by one), and joins
-        the siblings of each graph it judges, the recomputed products' too.
+        stacked graph itself: its checkpointing makes those values again with
+        their segments anyway, and keeps back products one by one.
         """
         if degree not in self._bases:
-            graph = self._joined(self._stacked(degree))
+            graph = self._stacked(degree)
             roots: list = []
             if self.device.fuse:
+                graph = merge_siblings(graph, "loss")
                 roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS)
             self._bases[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
         return self._bases[degree][0]
-
-    def _joined(self, graph: Graph) -> Graph:
-        """`graph` with its sibling products made one, where the device fuses (one wide
-        product keeps a GPU's product kernels busier), recomputing or not."""
-        return merge_siblings(graph, "loss") if self.device.fuse else graph
 
     def _numbers(self, degree: int) -> tuple[int, int, int]:
         """(live set bytes, products' FLOPs, nodes) of the training graph a call at `degree` runs.

@@ -121,7 +121,7 @@ def test_gpt2_small_in_3_gib_recomputes_at_the_stacking_degree_it_picks(capsys, 
     assert main(["explain", str(GPT), "--device", "cuda"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"; stacking 2: the cost model's pick \(.* 1 [\d.]+ ms\)", out), out[:2000]
-    assert re.search(r"; recompute: \d+ values, \+\d+% FLOPs, plan 3\.0 GiB of 3\.0 GiB", out)
+    assert re.search(r"; recompute: \d+ values, \+\d+% FLOPs, plan [\d.]+ GiB of 3\.0 GiB", out)
     assert "parameter copies 0.0 GiB" in out
 
 
@@ -195,6 +195,31 @@ def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
     assert any(line.startswith("recompute: ") for line in device.report(tight))
     if tight.choice.degree == 1:
         assert tight.compiled.train_graph is tight.recompute.graph  # op by op runs it too
+
+
+def test_a_plan_made_to_fit_leaves_its_capture_room_where_it_can(monkeypatch):
+    from sexpgpu.devices.cuda import planner
+    from sexpgpu.devices.cuda.device import CudaDevice
+    from sexpgpu.ir.dtypes import numpy_dtype
+
+    compiled = _smoke_gpt_planned_without_gpu()
+    device = CudaDevice()  # captures its steps: the room counts
+
+    def plan(memory, microbatches=1):
+        return device.plan(
+            compiled, optimizer="adamw", ranks=1, memory=memory, microbatches=microbatches
+        )
+
+    one = plan(2**40).memory
+    budget = int(one.total - 0.3 * one.parts["activations"])
+    largest = max(n.size * numpy_dtype(n.dtype).itemsize for n in compiled.train_graph.nodes())
+    roomy = plan(budget)
+    assert roomy.recompute is not None and roomy.memory.total + largest <= budget
+    # No room to be had: the plan fits without it, as the search alone would.
+    monkeypatch.setattr(planner, "CAPTURE_ROOM", 10**6)
+    cramped = plan(budget)
+    assert cramped.memory.fits and cramped.memory.total + largest > budget
+    assert cramped.recompute.flops <= roomy.recompute.flops
 
 
 def test_the_cuda_lowering_that_recomputes_trains_the_same_bits(tmp_path):

@@ -109,9 +109,17 @@ class CudaPlan:
 
 # How many times a plan whose compiled step does not fit recomputes more before E-MEM-001.
 _REFITS = 2
+# How many of the step's largest buffers a plan made to fit leaves free for its CUDA
+# graph's capture (`Planner._capture_room`); where that cannot fit, the plan fits without.
+CAPTURE_ROOM = 1
 # Whether the cheap values a product reads are made again too (`recompute.cheap`): less
 # memory, a pass more each; benches/gpt2_cuda.py's side `sexpgpu-products` measures it.
 CHEAP_INTO_PRODUCTS = False
+
+
+def _room_left(plan: MemoryPlan, room: int) -> bool:
+    """Whether `plan` fits its budget with `room` bytes to spare."""
+    return plan.total + room <= plan.budget.nbytes
 
 
 class Planner:
@@ -166,17 +174,18 @@ class Planner:
         def copy_bytes_at(degree: int) -> int:
             return 0 if degree in self._recompute else copies
 
-        def fits(degree: int, graph: Graph | None = None) -> bool:
+        def fits(degree: int, graph: Graph | None = None, room: int = 0) -> bool:
             if graph is None:
                 live = (self._numbers(degree)[0], None)
                 return plan_at(degree, live, copy_bytes_at(degree)).fits
-            return plan_at(degree, self._live_of(graph, self._whole(degree))).fits
+            return _room_left(plan_at(degree, self._live_of(graph, self._whole(degree))), room)
 
         if not any(fits(d) for d in self._degrees()):
             # Recomputation, chosen with the degree: the least that fits at each one,
-            # judged by the schedule (no compile); larger degrees need more.
+            # judged by the schedule (no compile); larger degrees need more. A plan made
+            # to fit leaves its CUDA graph's pool room (`_capture_room`) where it can.
             for d in reversed(self._degrees()):
-                found = fit(self._stacked(d), lambda g, d=d: fits(d, g), matmul_flops)
+                found = self._fit(d, lambda g, room, d=d: fits(d, g, room))
                 assert found is not None  # the stacked graph does not fit
                 self._recompute[d] = found
                 if not found.fits:
@@ -196,9 +205,10 @@ class Planner:
                 live, copy_bytes = measured
                 only = self._fused_graph(degree).copies_only  # type: ignore[union-attr]
                 memory_plan = plan_at(degree, live, copy_bytes, only)
-                if memory_plan.fits or attempt == _REFITS:
+                room = self._capture_room(degree) if degree in self._recompute else 0
+                if _room_left(memory_plan, room) or attempt == _REFITS:
                     break
-                if not self._refit(degree, missed, plan_at):
+                if not self._refit(degree, missed, plan_at, memory_plan.fits):
                     break
                 live, copy_bytes = self._live_set(degree), copy_bytes_at(degree)
         # Compiled here where a device can run it; without a GPU, the run's load compiles it.
@@ -224,19 +234,52 @@ class Planner:
             recompute=recompute,
         )
 
-    def _refit(self, degree: int, missed: int, plan_at: Callable[..., MemoryPlan]) -> bool:
+    def _capture_room(self, degree: int) -> int:
+        """Room a step made to fit leaves beyond its plan for the capture of its CUDA graph.
+
+        The capture allocates the call's live set again in a pool of its own,
+        whose freed blocks serve only requests that fit in them: on a 2.3B
+        Llama planned to 0.4 GiB of a 40 GiB card, the capture ran out asking
+        342 MiB with 625 MiB stranded in free blocks and 79 MiB in the default
+        pool's cache (benches/README.md), about 0.7 GiB beyond the plain call's
+        peak, where the step's largest buffer (its logits) is 1.0 GiB. So the
+        room is `CAPTURE_ROOM` of the step's largest buffers; a step that
+        captures none needs none.
+        """
+        if not self.device.captures:
+            return 0
+        nodes = self._stacked(degree).nodes()
+        return CAPTURE_ROOM * max(n.size * numpy_dtype(n.dtype).itemsize for n in nodes)
+
+    def _fit(self, degree: int, fits: Callable[[Graph, int], bool], room_only: bool = False):
+        """The least recomputation at `degree` that `fits` with its capture's room left, else
+        (unless `room_only`) the least that fits without: a `Recomputation`, or None."""
+        found = None
+        for room in (self._capture_room(degree),) if room_only else (self._capture_room(degree), 0):
+            found = fit(self._stacked(degree), lambda g, r=room: fits(g, r), matmul_flops)
+            if found is None or found.fits:
+                break
+        return found
+
+    def _refit(
+        self, degree: int, missed: int, plan_at: Callable[..., MemoryPlan], fitted: bool
+    ) -> bool:
         """Recompute more at `degree`, as if each schedule held `missed` bytes more; if it can.
 
         The compiled step held `missed` bytes beyond the schedule's estimate and
-        did not fit; the search runs again against the estimate plus those bytes,
-        and a different graph is compiled and measured in its place.
+        did not fit, or (`fitted`) left its capture no room; the search runs
+        again against the estimate plus those bytes, and a different graph is
+        compiled and measured in its place. A step that fits already is
+        replaced only by one that leaves the room.
         """
         old = self._recompute.get(degree)
         whole = self._whole(degree)
-        found = fit(
-            self._stacked(degree),
-            lambda g: plan_at(degree, (self._live_of(g, whole)[0] + missed, None)).fits,
-            matmul_flops,
+        found = self._fit(
+            degree,
+            lambda g, room: _room_left(
+                plan_at(degree, (self._live_of(g, whole)[0] + missed, None)), room
+            ),
+            room_only=fitted,
         )
         if found is None or not found.fits or (old is not None and found.graph is old.graph):
             return False

@@ -258,6 +258,27 @@ def test_a_refusing_backend_falls_to_the_next_and_says_why() -> None:
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("stage", ["forward", "backward"])
+def test_out_of_memory_in_a_backend_is_no_refusal(monkeypatch, stage: str) -> None:
+    # The next backend would hold more (math: the whole score matrix); the run's own
+    # handling of a full device (caches released, the batch split) gets the error.
+    from sexpgpu.devices.cuda import attention
+
+    def full(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB.")
+
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    table = attention._FORWARD if stage == "forward" else attention._BACKWARD
+    monkeypatch.setitem(table, "flash-cpu", full)
+    with pytest.raises(torch.OutOfMemoryError):
+        if stage == "forward":
+            sdpa_forward(q, k, v, True, 0.5, "flash-cpu")
+        else:
+            out, aux = attention.sdpa_forward(q, k, v, True, 0.5, "math")
+            aux = attention.AttentionAux("flash-cpu", out, (torch.zeros(1, 2, 8),), None)
+            attention.sdpa_backward(torch.ones_like(q), q, k, v, True, 0.5, aux, "flash-cpu")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "flash-cpu"])

@@ -144,6 +144,8 @@ def sdpa_forward(
             out, saved = _FORWARD[backend](*padded, causal, scale)
             fallback = "; ".join(reasons) or None
             return _cut(out, q), AttentionAux(backend, out, saved, fallback)
+        except torch.OutOfMemoryError:
+            raise  # no refusal: the next backends hold more (math the whole score matrix)
         except _REFUSALS as error:
             reasons.append(f"{backend} refused: {str(error).splitlines()[0][:160]}")
             log.warning("attention: %s; trying %s", reasons[-1], _NEXT[backend])
@@ -178,6 +180,8 @@ def sdpa_backward(
             padded = (_padded(x, aux.backend) for x in (g4, q4, k4, v4))
             grads = _BACKWARD[aux.backend](*padded, aux, causal, scale)
             return tuple(_cut(x, q) for x in grads)
+        except torch.OutOfMemoryError:
+            raise
         except _REFUSALS as error:
             log.warning("attention backward: %s refused (%s); using math", aux.backend, error)
             aux = AttentionAux("math", *_math_forward(q4, k4, v4, causal, scale))

@@ -297,6 +297,46 @@ def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
     assert plan.memory.fits and plan.memory.total <= budget
 
 
+def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoots(
+    monkeypatch,
+):
+    # The measured step fits but leaves its capture no room: the plan looks for one that
+    # does, and where those measure past the budget, keeps the step that fit.
+    from types import SimpleNamespace
+
+    from sexpgpu.devices.cuda import planner
+    from sexpgpu.devices.cuda.parallel_compile import CompilePool
+
+    compiled = _smoke_gpt_planned_without_gpu()
+    device = _MeasuredDevice()
+    room = 1 << 20
+    monkeypatch.setattr(planner.Planner, "_capture_room", lambda self, degree: room)
+    monkeypatch.setattr(
+        planner.Planner, "_fused_graph", lambda self, d: SimpleNamespace(copies_only=[])
+    )
+
+    def planned(dry_call, memory):
+        monkeypatch.setattr(planner.Planner, "_dry_call", dry_call)
+        return planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, memory)
+
+    one = planned(lambda self, degree: None, 2**40).memory
+    budget = int(one.total - 0.3 * one.parts["activations"])
+    estimate = planned(lambda self, degree: None, budget)
+    assert estimate.recompute is not None and estimate.memory.total + room <= budget
+    over = budget - room // 2 - estimate.memory.total  # fits, with half the room
+    measured = []
+
+    def dry_call(self, degree):
+        measured.append(self._recompute[degree])
+        live = self._live_set(degree)[0]
+        return (live + (over if len(measured) == 1 else 2 * budget), "call"), 0
+
+    plan = planned(dry_call, budget)
+    assert len(measured) > 1  # it looked for a step with room
+    assert plan.recompute is measured[0] and plan.memory.fits
+    assert plan.memory.total == budget - room // 2
+
+
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
     # Made as the backward goes, they share the call's memory with the activations
     # (no buffers for the run): every one is live at the call's end, beside the parameters.

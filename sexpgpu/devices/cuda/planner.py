@@ -197,6 +197,7 @@ class Planner:
         memory_plan = plan_at(degree, live, copy_bytes)
         # Only a plan that fits is worth a compile and a dry call (E-MEM-001 comes next otherwise).
         if device.captures and device.on_gpu and memory_plan.fits:
+            fitted = None  # the last measured step that fits, kept while one with room is sought
             for attempt in range(_REFITS + 1):
                 measured = self._dry_call(degree)
                 if measured is None:
@@ -208,9 +209,17 @@ class Planner:
                 room = self._capture_room(degree) if degree in self._recompute else 0
                 if _room_left(memory_plan, room) or attempt == _REFITS:
                     break
+                if memory_plan.fits:
+                    step = self._recompute[degree], self._fused.get(degree)
+                    fitted = step, live, copy_bytes, memory_plan
                 if not self._refit(degree, missed, plan_at, memory_plan.fits):
                     break
                 live, copy_bytes = self._live_set(degree), copy_bytes_at(degree)
+            if fitted is not None and not memory_plan.fits:  # the search for room overshot
+                (self._recompute[degree], fused), live, copy_bytes, memory_plan = fitted
+                self._fused.pop(degree, None)
+                if fused is not None:
+                    self._fused[degree] = fused
         # Compiled here where a device can run it; without a GPU, the run's load compiles it.
         compiles = device.fuse and (device.on_gpu or device.kind == "cpu")
         recompute = self._recompute.get(degree)

@@ -260,11 +260,18 @@ class Planner:
         nodes = self._stacked(degree).nodes()
         return CAPTURE_ROOM * max(n.size * numpy_dtype(n.dtype).itemsize for n in nodes)
 
-    def _fit(self, degree: int, fits: Callable[[Graph, int], bool], room_only: bool = False):
-        """The least recomputation at `degree` that `fits` with its capture's room left, else
-        (unless `room_only`) the least that fits without: a `Recomputation`, or None."""
+    def _fit(
+        self, degree: int, fits: Callable[[Graph, int], bool], room_only: bool = False
+    ) -> Recomputation | None:
+        """The least recomputation at `degree` that fits with its capture's room left.
+
+        `fits(graph, room)` judges a candidate. Where none fits with the room,
+        the least that fits without it (unless `room_only`); None where the
+        stacked graph fits as it is.
+        """
         found = None
-        for room in (self._capture_room(degree),) if room_only else (self._capture_room(degree), 0):
+        capture = self._capture_room(degree)
+        for room in (capture,) if room_only else (capture, 0):
             found = fit(self._stacked(degree), lambda g, r=room: fits(g, r), matmul_flops)
             if found is None or found.fits:
                 break

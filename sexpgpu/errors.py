@@ -57,7 +57,7 @@ CODES: dict[str, str] = {
     "E-READ-004": "unknown escape in a string",
     "E-READ-005": "malformed number, or one out of range",
     "E-READ-006": "stray character",
-    "E-READ-007": "file cannot be read (missing, unreadable or not UTF-8)",
+    "E-READ-007": "file cannot be read (missing, a folder, unreadable or not UTF-8)",
     "E-READ-008": "brackets nested too deeply",
     # forms
     "E-FORM-001": "unknown top-level form",

@@ -123,6 +123,16 @@ def load_text(path: str | PathLike[str]) -> str:
         raise SexpgpuError(
             "E-READ-007", f"no such file: {path}", str(path), hint="check the path"
         ) from None
+    except IsADirectoryError:
+        # A run folder where the experiment file goes (`sexpgpu sample runs/train ...`).
+        run = (Path(path) / "run.json").is_file()
+        hint = "give the experiment file (.lisp)"
+        raise SexpgpuError(
+            "E-READ-007",
+            "a run folder, not an experiment file" if run else "a folder, not a file",
+            str(path),
+            hint=f"{hint} that trained it, with --resume latest --out {path}" if run else hint,
+        ) from None
     except UnicodeDecodeError as err:
         raise SexpgpuError(
             "E-READ-007",

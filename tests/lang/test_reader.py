@@ -77,6 +77,19 @@ def test_read_file_missing(tmp_path):
     assert info.value.code == "E-READ-007"
 
 
+def test_read_file_of_a_run_folder_says_which_file_goes_there(tmp_path):
+    run = tmp_path / "runs" / "train"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    with pytest.raises(SexpgpuError) as info:
+        read_file(run)
+    assert info.value.render().startswith("error[E-READ-007]: a run folder, not an experiment")
+    assert f"--resume latest --out {run}" in info.value.render()
+    with pytest.raises(SexpgpuError) as info:
+        read_file(tmp_path / "runs")
+    assert info.value.render().startswith("error[E-READ-007]: a folder, not a file")
+
+
 def test_read_file_not_utf8(tmp_path):
     path = tmp_path / "bad.lisp"
     path.write_bytes(b"(a \xff)")

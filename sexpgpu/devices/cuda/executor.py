@@ -126,6 +126,7 @@ class TorchGraph:
         # What each attention node ran: (backend, why it fell back), never its
         # tensors, which would outlive the call (1.2 GiB of examples/gpt.lisp's).
         self._used: dict[int, tuple[str, str | None]] = {}
+        self._buffers = self._storage()
         self.steps, self._stash_users, self._last, self._over = self._plan()
         self.planned_peak_bytes, self.peak_node = self._peak()
         self._constants = {
@@ -159,13 +160,14 @@ class TorchGraph:
         last = last_uses(self.order, self._outputs.values(), inputs)
         for j, i in pairs.items():
             last[i] = max(last[i], j)  # the stash holds the forward's output until then
-        storage = self._storage()
-        # Logits nothing reads after their cross-entropy take its gradient (one dtype).
+        storage = self._buffers
+        # Logits nothing reads after their cross-entropy take its gradient (one dtype), where
+        # a product or a sum made them (a buffer of their own: torch allocated it).
         over = {
             i
             for j, i in with_grad.items()
             if self.order[i].inputs[0].dtype == self.order[j].dtype
-            and self._writable(storage[inputs[i][0]])
+            and self.order[storage[inputs[i][0]]].op in _FRESH
             and all(last[m] <= i for m, b in enumerate(storage) if b == storage[inputs[i][0]])
         }
         frees = free_lists(last)
@@ -184,10 +186,6 @@ class TorchGraph:
                 storage[i] = storage[self._pos[id(node.inputs[0])]]
         return storage
 
-    def _writable(self, i: int) -> bool:
-        """Whether position `i` made a buffer of its own: a product or a sum (torch allocates)."""
-        return self.order[i].op in _FRESH
-
     def peak_with_params_held(self) -> tuple[int, Node | None]:
         """(peak bytes, node at the peak), the parameters held for the whole call.
 
@@ -202,7 +200,7 @@ class TorchGraph:
         """(peak bytes, node at the peak): buffers added as they appear, dropped after last use."""
         last = self._last
         n = len(self.order)
-        storage = self._storage()
+        storage = list(self._buffers)
         for i in self._over:  # the gradient is made in its logits' buffer
             j = self.steps[i].made_with
             storage[j] = storage[self.steps[i].args[0]]

@@ -107,9 +107,7 @@ def xent_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _loss_in_torch(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    flat = logits.to(_wide(logits.dtype))
-    picked = flat.gather(1, ids.long()[:, None])[:, 0]
-    return torch.logsumexp(flat, dim=-1) - picked
+    return _loss_and_lse(logits, ids)[0]
 
 
 @xent_loss.register_fake
@@ -126,16 +124,20 @@ def _(logits, ids):
     return loss
 
 
+def _loss_and_lse(logits, ids):
+    """(the per-row loss, each row's log-sum-exp, the logits widened) in torch calls."""
+    flat = logits.to(_wide(logits.dtype))
+    lse = torch.logsumexp(flat, dim=-1)
+    return lse - flat.gather(1, ids.long()[:, None])[:, 0], lse, flat
+
+
 def _in_torch(logits, ids, g, grad_dtype):
     """The same arithmetic as the kernel, in torch calls (the CPU, and f64 logits)."""
-    flat = logits.to(_wide(logits.dtype))
-    ids = ids.long()
-    lse = torch.logsumexp(flat, dim=-1)
-    picked = flat.gather(1, ids[:, None])[:, 0]
+    loss, lse, flat = _loss_and_lse(logits, ids)
     probs = (flat - lse[:, None]).exp_()
-    probs[torch.arange(flat.shape[0], device=flat.device), ids] -= 1
+    probs[torch.arange(flat.shape[0], device=flat.device), ids.long()] -= 1
     probs.mul_(g.to(probs.dtype)[:, None])
-    return lse - picked, probs.to(grad_dtype)
+    return loss, probs.to(grad_dtype)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -6,7 +6,7 @@
 # compiled again from the saved graphs, Inductor computing each key; to compare).
 # Then, optionally, the cold first step against torch.compile's.
 # Logs under $OUT. Run from the repository root:
-#   bash benches/cache_session.sh [runs|profile|compare]...   (default: runs)
+#   bash benches/cache_session.sh [runs|profile|imports|compare]...   (default: runs)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/sexpgpu-out}
@@ -80,6 +80,13 @@ EOF
     grep "first step after" "$OUT/cache_profiled.log"
     python3 -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
       "$OUT/warm.prof" | tail -60 ;;
+  imports)
+    # A warm start's imports, each timed by Python itself (no profiler's overhead; after `runs`).
+    XDG_CACHE_HOME=$CACHE SEXPGPU_DEVICE=$DEVICE python3 -X importtime -m sexpgpu run \
+      examples/gpt.lisp $ARGS --steps 1 --out /tmp/cache-session-imports \
+      > "$OUT/cache_imports.log" 2> "$OUT/importtime.txt"
+    grep "first step after" "$OUT/cache_imports.log"
+    sort -t'|' -k2 -n -r "$OUT/importtime.txt" | head -30 ;;
   compare)
     # Cold first steps, each side with empty caches of its own (benches/gpt2_cuda.py's).
     timeout ${BENCH_TIMEOUT:-590} python3 benches/gpt2_cuda.py --batches 16 \

@@ -380,7 +380,7 @@ def main() -> None:
         "--flops-sizes",
         nargs="+",
         metavar="SIZE[@BATCH]",
-        help="where to plan at 60%% of the no-recompute plan (default: the first size)",
+        help="where to plan at 60%% of the no-recompute plan (default: the first size; none)",
     )
     parser.add_argument("--side", help=argparse.SUPPRESS)  # one side, in a child process
     parser.add_argument("--size", help=argparse.SUPPRESS)
@@ -417,7 +417,7 @@ def main() -> None:
           f"torch {largest.get('torch', 'none')}")  # fmt: skip
     if "sexpgpu" not in args.sides:
         return
-    for at in args.flops_sizes or sizes[:1]:
+    for at in [] if args.flops_sizes == ["none"] else args.flops_sizes or sizes[:1]:
         size, _, batch = at.partition("@")
         r = run_child(
             "flops60", size, argparse.Namespace(**{**vars(args), "batch": int(batch or args.batch)})

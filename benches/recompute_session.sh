@@ -6,7 +6,8 @@
 #  plan:  GPT-2 small (examples/gpt.lisp) planned into 3 GiB: the recompute line and the plan;
 #  run:   20 steps of it at 3 GiB (peak against plan, tokens/s) and 20 without a budget;
 #  bench: benches/memory_cuda.py (SIZES="16x2048 32x3072" to pick; long: one size per call);
-#  card:  the same on a 40 GiB card (SIZES, default 14x4096; SIDES, default both);
+#  card:  the same on a 40 GiB card (SIZES, default 14x4096; SIDES, default both;
+#         FLOPS_SIZES, where to plan at 60% of the no-recompute plan, none for nowhere);
 #  oom:   one sexpgpu size on that card (SIZE, default 14x4096) under dev/oom_where.py: the
 #         live blocks by pool and allocating line at its first out-of-memory.
 set -uo pipefail

@@ -16,6 +16,7 @@ in `events` for the run's annotations.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,6 +127,10 @@ class StepGraphs(Protocol):
         """Drop what is kept only for speed (a captured step's memory); later calls remake it."""
         ...
 
+    def beside(self) -> contextlib.AbstractContextManager[None]:
+        """Where work beside the training step (an evaluation) allocates: in what it keeps."""
+        ...
+
 
 class SummingGraphs:
     """`StepGraphs.accumulate` as `summed` over ``train_step``: for graphs that return gradients."""
@@ -134,6 +139,9 @@ class SummingGraphs:
 
     def release(self) -> None:
         pass  # nothing captured
+
+    def beside(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # nothing kept between steps to draw on
 
     def accumulate(
         self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray], sums: Sums | None
@@ -423,8 +431,9 @@ class TrainState:
 
     # -- evaluation and diagnostics ----------------------------------------------------------
 
-    # Both run op by op beside what the training step keeps between its calls (a CUDA
-    # graph's memory): where memory runs out, that goes first, then the batch is split.
+    # Both run op by op in the memory the training step keeps between its calls (a CUDA
+    # graph's, `StepGraphs.beside`): where memory runs out, that goes first, then the batch
+    # is split.
 
     def evaluate(self, batch: Mapping[str, np.ndarray], target: str | None) -> EvalResult:
         def pieces(graphs: StepGraphs, piece: Mapping[str, np.ndarray]) -> EvalResult:
@@ -462,7 +471,8 @@ class TrainState:
 
         def split(parts: int) -> list[R]:
             if parts == 1:
-                return [fn(self.graphs, batch)]
+                with self.graphs.beside():
+                    return [fn(self.graphs, batch)]
             graphs = self.graphs.pieces(parts)
             assert graphs is not None, "split only where the graph allows it"
             rows = self.graphs.compiled.rows

@@ -196,6 +196,40 @@ def test_an_evaluation_that_does_not_fit_frees_the_captures_then_splits(
         )
 
 
+def test_evaluations_and_diagnostics_run_in_what_the_step_keeps(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # On a GPU, `beside` draws on the captured step's memory (tests/devices/test_cuda_replay.py).
+    import contextlib
+
+    from sexpgpu.devices.cuda.step_graphs import TorchGraphs
+
+    inside, seen = [], []
+
+    @contextlib.contextmanager
+    def beside(self):
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    def spy(name):
+        call = getattr(TorchGraphs, name)
+        monkeypatch.setattr(
+            TorchGraphs,
+            name,
+            lambda self, *a: (seen.append((name, bool(inside))), call(self, *a))[1],
+        )
+
+    monkeypatch.setattr(TorchGraphs, "beside", beside)
+    spy("eval_step")
+    spy("activation_rms")
+    _run(_file(tmp_path), tmp_path / "run", "torch-cpu")
+    assert ("eval_step", True) in seen and ("activation_rms", True) in seen
+    assert all(within for _, within in seen)
+
+
 def test_nothing_fits_is_e_mem_002_naming_plan_asked_and_free(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:

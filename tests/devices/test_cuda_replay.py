@@ -115,6 +115,54 @@ def test_a_run_with_the_update_replayed_equals_one_without(tmp_path: Path, monke
     assert "update: captured" not in notes["plain"]
 
 
+def _captured_sum(device: torch.device) -> tuple[Replay, torch.Tensor, object]:
+    """A replay of ``(x * 2).sum()`` over 64 MiB: the product is memory freed within each call."""
+    replay = Replay(device, "step")
+    x = torch.ones(1 << 24, device=device)
+
+    def call() -> float:
+        return float(replay((x.data_ptr(),), lambda: (x * 2).sum()))
+
+    assert [call() for _ in range(3)] == [2.0 * x.numel()] * 3
+    assert replay.captured
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # the plain call's product no longer cached outside the graph
+    return replay, x, call
+
+
+def test_on_the_cpu_work_beside_allocates_as_usual():
+    replay = Replay(torch.device("cpu"), "step")
+    with replay.beside():
+        assert float(torch.ones(3).sum()) == 3.0
+    assert not replay.captured
+
+
+@GPU
+def test_work_beside_a_capture_draws_on_its_memory_and_leaves_it_whole() -> None:
+    replay, x, call = _captured_sum(_cuda())
+    reserved = torch.cuda.memory_reserved()
+    for _ in range(2):  # an evaluation's size, twice: no new memory, the graph kept
+        with replay.beside():
+            y = torch.full((1 << 24,), 3.0, device="cuda")
+            assert float(y.sum()) == 3.0 * y.numel()
+            del y
+        assert torch.cuda.memory_reserved() - reserved < 8 << 20  # 64 MiB without the pool
+        assert replay.captured and replay.captures == 1
+    x.fill_(2.0)
+    assert call() == 4.0 * x.numel()  # the replay reads and writes as before
+
+
+@GPU
+def test_what_outlives_the_work_beside_drops_the_graph_that_would_overwrite_it() -> None:
+    replay, x, call = _captured_sum(_cuda())
+    with replay.beside():
+        kept = torch.full((1 << 24,), 5.0, device="cuda")
+    assert not replay.captured  # the next call would have written over `kept`
+    assert [call() for _ in range(3)] == [2.0 * x.numel()] * 3
+    assert replay.captured and replay.captures == 2
+    assert float(kept.sum()) == 5.0 * kept.numel()
+
+
 def test_a_number_read_later_on_the_cpu_is_the_number():
     xp = TorchStream(torch.device("cpu"))
     assert float(xp.read_later(torch.tensor(2.5))) == 2.5

@@ -38,6 +38,7 @@ a graph whose ids are computed rather than fed is `NotFusable`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -198,6 +199,10 @@ class FusedGraph:
     def release(self) -> None:
         """Drop the capture and its memory (its outputs included); later calls capture again."""
         self._replay.forget()
+
+    def beside(self) -> contextlib.AbstractContextManager[None]:
+        """Work run beside the step allocates from its capture's memory (`Replay.beside`)."""
+        return self._replay.beside()
 
     @property
     def capture(self) -> bool:

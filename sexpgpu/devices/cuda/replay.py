@@ -12,13 +12,19 @@ the capture, and every later call with that key replays. A new key (a
 checkpoint loaded new moments, say) starts over, and the old graph's memory
 is freed. A capture the driver refuses leaves plain calls, logged once and
 said in `events` (the run's annotations) where the caller keeps them.
+
+Between replays a graph keeps the memory its capture used, free or not.
+Work run beside it (an evaluation) draws on that memory (`beside`) rather
+than on the device's, so that it needs no more than the plan counted for the
+larger of the two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -60,6 +66,7 @@ class Replay:
         self._key: tuple[Any, ...] | None = None
         self._graph: Any = None
         self._result: Any = None
+        self._stream: Any = None  # the capture's: its pool's blocks serve this stream alone
 
     @property
     def captured(self) -> bool:
@@ -93,8 +100,13 @@ class Replay:
         graph, failed = None, None
         try:
             graph = torch.cuda.CUDAGraph()
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
             # Other ranks' threads keep working on their GPUs while this one captures.
-            with _CAPTURING, torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            capture = torch.cuda.graph(
+                graph, stream=self._stream, capture_error_mode="thread_local"
+            )
+            with _CAPTURING, capture:
                 try:
                     result = queue()
                 except RuntimeError as error:  # out of memory, say: the capture still ends
@@ -117,6 +129,41 @@ class Replay:
         self._note(f"{self.what}: captured as a CUDA graph, replayed from this step on")
         graph.replay()
         return result
+
+    @contextlib.contextmanager
+    def beside(self) -> Iterator[None]:
+        """Work run inside allocates from the capture's memory, on its stream (where one is held).
+
+        The graph's outputs stay allocated; the blocks it frees within a
+        replay are free between replays, and the work takes them. Its stream
+        first waits for the work queued so far (the last replay), and the
+        caller's stream waits for it after. Anything made inside that
+        outlives it would be overwritten by the next replay, so then the
+        graph is dropped (the next call captures again). Where PyTorch offers
+        no way to allocate from a graph's pool, the work allocates as usual.
+        """
+        begin = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
+        if self._graph is None or begin is None:
+            yield
+            return
+        # As Inductor's CUDA graph trees warm up a graph in its pool (cudagraph_trees.py).
+        index, pool = self.device.index or 0, self._graph.pool()
+        caller = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(caller)
+        allocated = torch.cuda.memory_allocated(self.device)
+        try:
+            with torch.cuda.stream(self._stream):
+                begin(index, pool)
+                try:
+                    yield
+                finally:
+                    torch._C._cuda_endAllocateToPool(index, pool)
+                    torch._C._cuda_releasePool(index, pool)
+        finally:
+            caller.wait_stream(self._stream)
+            if torch.cuda.memory_allocated(self.device) > allocated:
+                log.debug("memory made beside the %s outlived it; its graph dropped", self.what)
+                self.forget()
 
     def _note(self, line: str) -> None:
         if self.events is not None:

@@ -12,6 +12,7 @@ as bf16 copies alone may be kept as those copies alone (`keep_copies_only`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -198,6 +199,9 @@ class TorchGraphs(SummingGraphs):
     def release(self) -> None:
         if self.fused is not None:
             self.fused.release()
+
+    def beside(self) -> contextlib.AbstractContextManager[None]:
+        return self.fused.beside() if self.fused is not None else contextlib.nullcontext()
 
     def eval_step(self, params: Mapping[str, Any], batch: Mapping[str, np.ndarray]) -> Any:
         out = self._eval({**batch, **params})

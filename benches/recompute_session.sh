@@ -35,7 +35,7 @@ for part in ${*:-tests plan run}; do
   bench)
     python3 benches/memory_cuda.py ${SIZES:+--sizes $SIZES} 2>&1 | tee "$OUT/memory_cuda.log" ;;
   card)
-    timeout 580 python3 benches/memory_cuda.py --card 40 --sizes ${SIZES:-14x4096} \
+    timeout ${CARD_TIMEOUT:-580} python3 benches/memory_cuda.py --card 40 --sizes ${SIZES:-14x4096} \
       --sides ${SIDES:-sexpgpu torch} --logs "$OUT/card" --timeout 400 \
       --flops-sizes ${FLOPS_SIZES:-16x2048 13x4096@16} 2>&1 | tee "$OUT/memory_card.log" ;;
   oom)

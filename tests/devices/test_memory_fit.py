@@ -215,11 +215,16 @@ def test_a_plan_made_to_fit_leaves_its_capture_room_where_it_can(monkeypatch):
     largest = max(n.size * numpy_dtype(n.dtype).itemsize for n in compiled.train_graph.nodes())
     roomy = plan(budget)
     assert roomy.recompute is not None and roomy.memory.total + largest <= budget
-    # No room to be had: the plan fits without it, as the search alone would.
+    # No room to be had for the capture: the plan leaves the allocator's headroom.
     monkeypatch.setattr(planner, "CAPTURE_ROOM", 10**6)
+    headroom = int(planner.HEADROOM * budget)
     cramped = plan(budget)
-    assert cramped.memory.fits and cramped.memory.total + largest > budget
+    assert cramped.memory.total + headroom <= budget
     assert cramped.recompute.flops <= roomy.recompute.flops
+    # Nor for the headroom: the plan fits without it, as the search alone would.
+    monkeypatch.setattr(planner, "HEADROOM", 0.9)
+    tight = plan(budget)
+    assert tight.memory.fits and tight.recompute.flops <= cramped.recompute.flops
 
 
 def test_the_cuda_lowering_that_recomputes_trains_the_same_bits(tmp_path):
@@ -335,6 +340,47 @@ def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoo
     assert len(measured) > 1  # it looked for a step with room
     assert plan.recompute is measured[0] and plan.memory.fits
     assert plan.memory.total == budget - room // 2
+
+
+def test_a_measured_step_that_fits_to_the_last_byte_is_replaced_by_one_with_headroom(
+    monkeypatch,
+):
+    # A 2.47B Llama planned to 40.0 of 40.0 GiB ran out in its first plain call: a step
+    # made to fit that leaves no headroom is measured again, recomputing more.
+    from types import SimpleNamespace
+
+    from sexpgpu.devices.cuda import planner
+    from sexpgpu.devices.cuda.parallel_compile import CompilePool
+
+    compiled = _smoke_gpt_planned_without_gpu()
+    device = _MeasuredDevice()
+    monkeypatch.setattr(planner.Planner, "_capture_room", lambda self, degree: 1 << 40)
+    monkeypatch.setattr(
+        planner.Planner, "_fused_graph", lambda self, d: SimpleNamespace(copies_only=[])
+    )
+
+    def planned(dry_call, memory):
+        monkeypatch.setattr(planner.Planner, "_dry_call", dry_call)
+        return planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, memory)
+
+    one = planned(lambda self, degree: None, 2**40).memory
+    budget = int(one.total - 0.3 * one.parts["activations"])
+    headroom = int(planner.HEADROOM * budget)
+    estimate = planned(lambda self, degree: None, budget)
+    assert estimate.recompute is not None and estimate.memory.total + headroom <= budget
+    measured = []
+
+    def dry_call(self, degree):
+        measured.append(self._recompute[degree])
+        live = self._live_set(degree)[0]
+        # The first step measures to the budget's last byte; the next one as scheduled.
+        last_byte = budget - estimate.memory.total if len(measured) == 1 else 0
+        return (live + last_byte, "call"), 0
+
+    plan = planned(dry_call, budget)
+    assert len(measured) == 2 and plan.recompute is measured[1]
+    assert plan.recompute.values > measured[0].values  # more recomputed
+    assert plan.memory.total + headroom <= budget
 
 
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from sexpgpu.runtime.oom import release_caches
+
 __all__ = ["Replay"]
 
 log = logging.getLogger(__name__)
@@ -117,9 +119,11 @@ class Replay:
             failed, graph = f"{type(error).__name__}: {error}", None
         if failed is not None:
             # An ended capture is dropped, and its memory with it: its body's frames
-            # (what it allocated) went with the error, which only its text outlives.
+            # (what it allocated) went with the error, which only its text outlives;
+            # frames that hold their own error wait for the collector (a 2.47B Llama's
+            # next plain call ran out with 12 GiB still in the failed capture's pool).
             graph = None
-            torch.cuda.empty_cache()
+            release_caches()
             self.refused = failed
             log.warning("no CUDA graph of the %s (%s); runs without one", self.what, failed)
             self._note(f"{self.what}: no CUDA graph ({failed}); launched each step")

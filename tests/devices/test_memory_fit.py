@@ -302,11 +302,11 @@ def test_a_step_measured_past_the_budget_recomputes_more(monkeypatch):
     assert plan.memory.fits and plan.memory.total <= budget
 
 
-def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoots(
-    monkeypatch,
-):
-    # The measured step fits but leaves its capture no room: the plan looks for one that
-    # does, and where those measure past the budget, keeps the step that fit.
+def _planned_as_measured(monkeypatch, capture_room: int):
+    """``planned(dry_call, memory)``: the smoke GPT planned as on a GPU, `dry_call` measuring.
+
+    The compiled step is not made: `dry_call(planner, degree)` answers what it holds.
+    """
     from types import SimpleNamespace
 
     from sexpgpu.devices.cuda import planner
@@ -314,8 +314,7 @@ def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoo
 
     compiled = _smoke_gpt_planned_without_gpu()
     device = _MeasuredDevice()
-    room = 1 << 20
-    monkeypatch.setattr(planner.Planner, "_capture_room", lambda self, degree: room)
+    monkeypatch.setattr(planner.Planner, "_capture_room", lambda self, degree: capture_room)
     monkeypatch.setattr(
         planner.Planner, "_fused_graph", lambda self, d: SimpleNamespace(copies_only=[])
     )
@@ -324,6 +323,16 @@ def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoo
         monkeypatch.setattr(planner.Planner, "_dry_call", dry_call)
         return planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, memory)
 
+    return planned
+
+
+def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoots(
+    monkeypatch,
+):
+    # The measured step fits but leaves its capture no room: the plan looks for one that
+    # does, and where those measure past the budget, keeps the step that fit.
+    room = 1 << 20
+    planned = _planned_as_measured(monkeypatch, room)
     one = planned(lambda self, degree: None, 2**40).memory
     budget = int(one.total - 0.3 * one.parts["activations"])
     estimate = planned(lambda self, degree: None, budget)
@@ -347,22 +356,9 @@ def test_a_measured_step_that_fits_to_the_last_byte_is_replaced_by_one_with_head
 ):
     # A 2.47B Llama planned to 40.0 of 40.0 GiB ran out in its first plain call: a step
     # made to fit that leaves no headroom is measured again, recomputing more.
-    from types import SimpleNamespace
-
     from sexpgpu.devices.cuda import planner
-    from sexpgpu.devices.cuda.parallel_compile import CompilePool
 
-    compiled = _smoke_gpt_planned_without_gpu()
-    device = _MeasuredDevice()
-    monkeypatch.setattr(planner.Planner, "_capture_room", lambda self, degree: 1 << 40)
-    monkeypatch.setattr(
-        planner.Planner, "_fused_graph", lambda self, d: SimpleNamespace(copies_only=[])
-    )
-
-    def planned(dry_call, memory):
-        monkeypatch.setattr(planner.Planner, "_dry_call", dry_call)
-        return planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, memory)
-
+    planned = _planned_as_measured(monkeypatch, 1 << 40)  # no room for a capture, ever
     one = planned(lambda self, degree: None, 2**40).memory
     budget = int(one.total - 0.3 * one.parts["activations"])
     headroom = int(planner.HEADROOM * budget)

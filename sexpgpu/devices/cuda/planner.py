@@ -145,6 +145,7 @@ class Planner:
         self._bases: dict[int, tuple[Graph, int]] = {}
         self._recompute: dict[int, Recomputation] = {}  # per degree, where nothing fits without
         self._headroom = 0  # bytes a plan made to fit leaves free where it can (`plan` sets it)
+        self._room_sizes: dict[int, tuple[int, ...]] = {}  # per degree, `_rooms`
         # (id(graph), whether its call is the whole step) -> (graph, live set)
         self._live: dict[tuple[int, bool], tuple[Graph, tuple[int, Any]]] = {}
         self._fused: dict[int, FusedGraph | str] = {}
@@ -279,8 +280,10 @@ class Planner:
         the headroom as it can (a half, a quarter), else nothing. The rooms
         nest: a step that leaves one leaves every smaller one.
         """
-        h = self._headroom
-        return tuple(sorted({self._capture_room(degree), h, h // 2, h // 4, 0}, reverse=True))
+        if degree not in self._room_sizes:
+            h, capture = self._headroom, self._capture_room(degree)
+            self._room_sizes[degree] = tuple(sorted({capture, h, h // 2, h // 4, 0}, reverse=True))
+        return self._room_sizes[degree]
 
     def _wanted(self, degree: int) -> tuple[int, ...]:
         """`_rooms` for a step that recomputes; one that recomputes nothing only has to fit."""

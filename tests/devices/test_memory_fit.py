@@ -379,6 +379,35 @@ def test_a_measured_step_that_fits_to_the_last_byte_is_replaced_by_one_with_head
     assert plan.memory.total + headroom <= budget
 
 
+def test_a_measured_step_that_leaves_no_room_is_replaced_by_the_one_that_leaves_the_most(
+    monkeypatch,
+):
+    # A 2.47B Llama kept back recomputed values to the budget's last byte, and the compiled
+    # step held a little more than its schedule: no step leaves a room, but recomputing
+    # the most leaves more bytes than that, so it is measured and kept.
+    from sexpgpu.devices.cuda import planner
+
+    monkeypatch.setattr(planner, "HEADROOM", 4.0)  # no room but nothing is ever left
+    planned = _planned_as_measured(monkeypatch, 1 << 40)
+    one = planned(lambda self, degree: None, 2**40).memory
+    budget = int(one.total - 0.3 * one.parts["activations"])
+    estimate = planned(lambda self, degree: None, budget)
+    assert estimate.recompute is not None and estimate.recompute.fits
+    measured = []
+
+    def dry_call(self, degree):
+        measured.append(self._recompute[degree])
+        live = self._live_set(degree)[0]
+        last_byte = budget - estimate.memory.total if len(measured) == 1 else 0
+        return (live + last_byte, "call"), 0
+
+    plan = planned(dry_call, budget)
+    assert len(measured) == 2 and plan.recompute is measured[1]
+    assert plan.recompute.fits and plan.recompute.values > measured[0].values
+    assert plan.memory.fits and plan.memory.total < budget
+    assert plan.memory.total < estimate.memory.total  # more bytes left than the first
+
+
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
     # Made as the backward goes, they share the call's memory with the activations
     # (no buffers for the run): every one is live at the call's end, beside the parameters.

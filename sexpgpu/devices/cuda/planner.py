@@ -16,7 +16,7 @@ the same either way.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -122,6 +122,11 @@ HEADROOM = 0.01
 CHEAP_INTO_PRODUCTS = False
 
 
+def _same(a: Recomputation, b: Recomputation) -> bool:
+    """Whether two searches chose the same step (each search rewrites its graph anew)."""
+    return (a.values, a.flops) == (b.values, b.flops)
+
+
 def _room_left(plan: MemoryPlan, room: int) -> bool:
     """Whether `plan` fits its budget with `room` bytes to spare."""
     return plan.total + room <= plan.budget.nbytes
@@ -217,15 +222,16 @@ class Planner:
                 only = self._fused_graph(degree).copies_only  # type: ignore[union-attr]
                 memory_plan = plan_at(degree, live, copy_bytes, only)
                 standing = self._standing(degree, memory_plan)
-                if best is None or standing > best[0]:
+                if best is None or self._ranked(standing, memory_plan) > best[0]:
                     step = self._recompute.get(degree), self._fused.get(degree)
-                    best = standing, step, live, copy_bytes, memory_plan
+                    best = self._ranked(standing, memory_plan), step, live, copy_bytes, memory_plan
                 if standing == len(self._wanted(degree)) or attempt == _REFITS:
                     break
                 if not self._refit(degree, missed, plan_at, standing):
                     break
                 live, copy_bytes = self._live_set(degree), copy_bytes_at(degree)
-            if best is not None and best[0] > self._standing(degree, memory_plan):
+            now = self._ranked(self._standing(degree, memory_plan), memory_plan)
+            if best is not None and best[0] > now:
                 _, (recompute, fused), live, copy_bytes, memory_plan = best
                 self._recompute.pop(degree, None)
                 self._fused.pop(degree, None)
@@ -293,6 +299,12 @@ class Planner:
         """How many of `_wanted(degree)` `plan` leaves: all is the best, 0 does not fit."""
         return sum(_room_left(plan, room) for room in self._wanted(degree))
 
+    @staticmethod
+    def _ranked(standing: int, plan: MemoryPlan) -> tuple[int, int]:
+        """How a measured step ranks: by `_standing`, then, where it leaves no room but
+        fits, by the bytes it leaves (the allocator's only slack)."""
+        return standing, plan.budget.nbytes - plan.total if standing == 1 else 0
+
     def _fit(
         self, degree: int, fits: Callable[[Graph, int], bool], better: int = 0
     ) -> Recomputation | None:
@@ -324,14 +336,16 @@ class Planner:
         """
         old = self._recompute.get(degree)
         whole = self._whole(degree)
-        found = self._fit(
-            degree,
-            lambda g, room: _room_left(
-                plan_at(degree, (self._live_of(g, whole)[0] + missed, None)), room
-            ),
-            better=standing,
-        )
-        if found is None or not found.fits or (old is not None and found.graph is old.graph):
+
+        def fits(g: Graph, room: int) -> bool:
+            return _room_left(plan_at(degree, (self._live_of(g, whole)[0] + missed, None)), room)
+
+        found = self._fit(degree, fits, better=standing)
+        if found is not None and not found.fits and standing == 1 and fits(found.graph, 0):
+            # No step leaves a room, but the one that recomputes the most leaves more bytes
+            # than one that fits to the last of them: measured in its place, the better kept.
+            found = replace(found, fits=True)
+        if found is None or not found.fits or (old is not None and _same(found, old)):
             return False
         self._recompute[degree] = found
         self._fused.pop(degree, None)

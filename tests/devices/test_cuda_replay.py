@@ -130,6 +130,30 @@ def _captured_sum(device: torch.device) -> tuple[Replay, torch.Tensor, object]:
     return replay, x, call
 
 
+@GPU
+def test_a_capture_that_runs_out_gives_its_memory_back_before_the_plain_call() -> None:
+    # A 2.47B Llama's first plain call after a failed capture ran out with 12 GiB still
+    # cached in that capture's pool.
+    device = _cuda()
+    replay = Replay(device, "step")
+    reserved = []
+
+    def queue() -> int:
+        if torch.cuda.is_current_stream_capturing():
+            scratch = torch.empty(1 << 26, device=device)  # 256 MiB in the capture's pool
+            del scratch
+            raise RuntimeError("CUDA out of memory (as the allocator says it)")
+        reserved.append(torch.cuda.memory_reserved(device))
+        return 1
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(device)
+    assert [replay(("k",), queue) for _ in range(3)] == [1, 1, 1]
+    assert replay.refused is not None and not replay.captured
+    assert max(reserved) - before < 64 << 20  # the plain calls saw the pool's memory freed
+
+
 def test_on_the_cpu_work_beside_allocates_as_usual():
     replay = Replay(torch.device("cpu"), "step")
     with replay.beside():

@@ -99,7 +99,7 @@ class Replay:
             self._seen = key
             return plain()
         self._graph = self._result = None  # the old graph's memory goes first
-        graph, failed = None, None
+        graph, capture, failed = None, None, None
         try:
             graph = torch.cuda.CUDAGraph()
             if self._stream is None:
@@ -120,9 +120,10 @@ class Replay:
         if failed is not None:
             # An ended capture is dropped, and its memory with it: its body's frames
             # (what it allocated) went with the error, which only its text outlives;
-            # frames that hold their own error wait for the collector (a 2.47B Llama's
-            # next plain call ran out with 12 GiB still in the failed capture's pool).
-            graph = None
+            # frames that hold their own error wait for the collector, and the pool is
+            # freed only once no graph owns it, the capture's context included (a 2.47B
+            # Llama's next plain call ran out with 12 GiB still in the failed capture's pool).
+            graph = capture = None
             release_caches()
             self.refused = failed
             log.warning("no CUDA graph of the %s (%s); runs without one", self.what, failed)

@@ -351,6 +351,25 @@ def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoo
     assert plan.memory.total == budget - room // 2
 
 
+def _first_measured_to_the_last_byte(monkeypatch):
+    """(plan, steps measured, budget, the schedule's plan) where the first step measured
+    fills the budget to its last byte and every later one measures as scheduled."""
+    planned = _planned_as_measured(monkeypatch, 1 << 40)  # no room for a capture, ever
+    one = planned(lambda self, degree: None, 2**40).memory
+    budget = int(one.total - 0.3 * one.parts["activations"])
+    estimate = planned(lambda self, degree: None, budget)
+    assert estimate.recompute is not None and estimate.recompute.fits
+    measured = []
+
+    def dry_call(self, degree):
+        measured.append(self._recompute[degree])
+        live = self._live_set(degree)[0]
+        last_byte = budget - estimate.memory.total if len(measured) == 1 else 0
+        return (live + last_byte, "call"), 0
+
+    return planned(dry_call, budget), measured, budget, estimate.memory
+
+
 def test_a_measured_step_that_fits_to_the_last_byte_is_replaced_by_one_with_headroom(
     monkeypatch,
 ):
@@ -358,22 +377,9 @@ def test_a_measured_step_that_fits_to_the_last_byte_is_replaced_by_one_with_head
     # made to fit that leaves no headroom is measured again, recomputing more.
     from sexpgpu.devices.cuda import planner
 
-    planned = _planned_as_measured(monkeypatch, 1 << 40)  # no room for a capture, ever
-    one = planned(lambda self, degree: None, 2**40).memory
-    budget = int(one.total - 0.3 * one.parts["activations"])
+    plan, measured, budget, estimate = _first_measured_to_the_last_byte(monkeypatch)
     headroom = int(planner.HEADROOM * budget)
-    estimate = planned(lambda self, degree: None, budget)
-    assert estimate.recompute is not None and estimate.memory.total + headroom <= budget
-    measured = []
-
-    def dry_call(self, degree):
-        measured.append(self._recompute[degree])
-        live = self._live_set(degree)[0]
-        # The first step measures to the budget's last byte; the next one as scheduled.
-        last_byte = budget - estimate.memory.total if len(measured) == 1 else 0
-        return (live + last_byte, "call"), 0
-
-    plan = planned(dry_call, budget)
+    assert estimate.total + headroom <= budget  # the schedule's plan left the headroom
     assert len(measured) == 2 and plan.recompute is measured[1]
     assert plan.recompute.values > measured[0].values  # more recomputed
     assert plan.memory.total + headroom <= budget
@@ -388,24 +394,11 @@ def test_a_measured_step_that_leaves_no_room_is_replaced_by_the_one_that_leaves_
     from sexpgpu.devices.cuda import planner
 
     monkeypatch.setattr(planner, "HEADROOM", 4.0)  # no room but nothing is ever left
-    planned = _planned_as_measured(monkeypatch, 1 << 40)
-    one = planned(lambda self, degree: None, 2**40).memory
-    budget = int(one.total - 0.3 * one.parts["activations"])
-    estimate = planned(lambda self, degree: None, budget)
-    assert estimate.recompute is not None and estimate.recompute.fits
-    measured = []
-
-    def dry_call(self, degree):
-        measured.append(self._recompute[degree])
-        live = self._live_set(degree)[0]
-        last_byte = budget - estimate.memory.total if len(measured) == 1 else 0
-        return (live + last_byte, "call"), 0
-
-    plan = planned(dry_call, budget)
+    plan, measured, budget, estimate = _first_measured_to_the_last_byte(monkeypatch)
     assert len(measured) == 2 and plan.recompute is measured[1]
     assert plan.recompute.fits and plan.recompute.values > measured[0].values
     assert plan.memory.fits and plan.memory.total < budget
-    assert plan.memory.total < estimate.memory.total  # more bytes left than the first
+    assert plan.memory.total < estimate.total  # more bytes left than the first
 
 
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():

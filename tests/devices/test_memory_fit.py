@@ -401,6 +401,40 @@ def test_a_measured_step_that_leaves_no_room_is_replaced_by_the_one_that_leaves_
     assert plan.memory.total < estimate.total  # more bytes left than the first
 
 
+@pytest.mark.parametrize("measures", [True, False])
+def test_a_plan_whose_numbers_are_known_schedules_its_step_only_where_nothing_measures_it(
+    monkeypatch, measures
+):
+    # A warm start's plan holds the chosen degree's numbers from the compile cache and
+    # measures the compiled step: scheduling it again (0.4 s of GPT-2 small) is wasted.
+    from sexpgpu.devices.cuda import planner
+
+    planned = _planned_as_measured(monkeypatch, 0)
+    cold = planned(lambda self, degree: None, 2**40)
+    assert cold.live[1] is not None and not isinstance(cold.live[1], str)  # the schedule's node
+    known = {1: (cold.live[0], 0, 0)}
+    monkeypatch.setattr(planner.Planner, "_remembered", lambda self: known)
+    scheduled = []
+    schedule_peak = planner._schedule_peak
+
+    def counted(graph, *args, **kwargs):
+        scheduled.append(graph)
+        return schedule_peak(graph, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "_schedule_peak", counted)
+
+    def dry_call(self, degree):
+        return ((cold.live[0] + 4096, "fused training call"), 0) if measures else None
+
+    warm = planned(dry_call, 2**40)
+    trained = [g for g in scheduled if g is not warm.compiled.eval_graph]
+    if measures:
+        assert trained == [] and warm.live == (cold.live[0] + 4096, "fused training call")
+    else:  # the report still names where the schedule peaks
+        assert len(trained) == 1 and warm.live[0] == cold.live[0]
+        assert warm.live[1].span == cold.live[1].span
+
+
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():
     # Made as the backward goes, they share the call's memory with the activations
     # (no buffers for the run): every one is live at the call's end, beside the parameters.

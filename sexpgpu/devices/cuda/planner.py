@@ -495,7 +495,7 @@ class Planner:
 
         Where a dry call will measure the step, the bytes the degree's
         numbers hold (on a warm start, the compile cache's: its schedule is
-        not made again, 0.4 s of GPT-2 small's), without the node at the
+        not made again: 0.4 s of GPT-2 small's under cProfile), without the node at the
         peak; else `_live_set`.
         """
         if measures and degree not in self._recompute:

@@ -494,9 +494,9 @@ class Planner:
         """The live set a plan at `degree` starts from.
 
         Where a dry call will measure the step, the bytes the degree's
-        numbers hold (on a warm start, the compile cache's: its schedule is
-        not made again: 0.4 s of GPT-2 small's under cProfile), without the node at the
-        peak; else `_live_set`.
+        numbers hold, without the node at the peak (on a warm start they are
+        the compile cache's, and the schedule is not made again: 0.4 s of
+        GPT-2 small's under cProfile); else `_live_set`.
         """
         if measures and degree not in self._recompute:
             return self._numbers(degree)[0], None

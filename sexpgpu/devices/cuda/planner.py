@@ -223,9 +223,10 @@ class Planner:
                 only = self._fused_graph(degree).copies_only  # type: ignore[union-attr]
                 memory_plan = plan_at(degree, live, copy_bytes, only)
                 standing = self._standing(degree, memory_plan)
-                if best is None or self._ranked(standing, memory_plan) > best[0]:
+                rank = self._ranked(standing, memory_plan)
+                if best is None or rank > best[0]:
                     step = self._recompute.get(degree), self._fused.get(degree)
-                    best = self._ranked(standing, memory_plan), step, live, copy_bytes, memory_plan
+                    best = rank, step, live, copy_bytes, memory_plan
                 if standing == len(self._wanted(degree)) or attempt == _REFITS:
                     break
                 if not self._refit(degree, missed, plan_at, standing):

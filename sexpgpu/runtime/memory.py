@@ -273,10 +273,12 @@ def call_peak_bytes(device: Any, call: Callable[[], Any]) -> int | None:
     its kernels' configurations in scratch memory of its own and cuBLAS makes
     the thread's workspaces, none of which a call holds later (for a small
     model they were most of the first call's mark). None where the call does
-    not fit (the caller's estimate stands).
+    not fit (the caller's estimate stands), and on a device that is no GPU.
     """
     import torch
 
+    if torch.device(device).type != "cuda":
+        return None
     peak = 0
     for _ in range(2):
         torch.cuda.synchronize(device)

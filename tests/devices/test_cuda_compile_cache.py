@@ -380,6 +380,47 @@ def test_a_second_run_loads_each_graph_by_its_key(tmp_path: Path, monkeypatch) -
 
 
 @NEEDS_CXX
+def test_a_step_keeps_its_measured_peak_and_a_later_load_reads_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    # A warm start's dry call would call the step twice to read the same bytes again.
+    from sexpgpu.devices.cuda import fused
+    from sexpgpu.devices.cuda.planner import _zero_feeds
+    from sexpgpu.ir.compile import compile_run
+    from sexpgpu.lang import load_experiment_text
+
+    experiment = load_experiment_text(MLP, "mlp.lisp")
+    graph = compile_run(experiment, experiment.run()).train_graph
+    cpu = torch.device("cpu")
+    feeds = _zero_feeds(graph, torch, cpu)
+    cache = StepCache(tmp_path / "cache")
+    measured: list[Any] = []
+
+    def measure(device: Any, call: Any) -> int:  # as on a GPU: the call runs, its peak is read
+        call()
+        measured.append(device)
+        return 4096 * len(measured)
+
+    monkeypatch.setattr(fused, "call_peak_bytes", measure)
+
+    def step() -> Any:
+        return fused.FusedGraph(graph, cpu, sums=[], examples=feeds, cache=cache)
+
+    cold = step()
+    assert cold.call_peak_bytes(feeds) == 4096 and not cold.peak_kept
+    warm = step()
+    assert warm.cached and warm.peak_kept and warm.call_peak_bytes(feeds) == 4096
+    assert len(measured) == 1  # read from the entry, not called
+    (path,) = (tmp_path / "cache" / "steps").glob("*.step")
+    for bad in (-1, "4096", True, None):  # not a byte count: measured again, kept anew
+        cache.save(path.stem, {**cache.load(path.stem), "peak": bad})
+        again = step()
+        assert again.cached and not again.peak_kept
+        assert again.call_peak_bytes(feeds) == 4096 * len(measured)
+    assert len(measured) == 5 and cache.load(path.stem)["peak"] == 4096 * 5
+
+
+@NEEDS_CXX
 def test_a_key_that_finds_nothing_is_compiled_and_noted_again(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SEXPGPU_CACHE", str(tmp_path / "cache"))
     first, _ = _run(tmp_path, "first")

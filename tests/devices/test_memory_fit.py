@@ -413,7 +413,8 @@ def test_a_plan_whose_numbers_are_known_schedules_its_step_only_where_nothing_me
     cold = planned(lambda self, degree: None, 2**40)
     assert cold.live[1] is not None and not isinstance(cold.live[1], str)  # the schedule's node
     known = {1: (cold.live[0], 0, 0)}
-    monkeypatch.setattr(planner.Planner, "_remembered", lambda self: known)
+    kept = {"degrees": known, "eval_peak": None}
+    monkeypatch.setattr(planner.Planner, "_remembered", lambda self: kept)
     scheduled = []
     schedule_peak = planner._schedule_peak
 
@@ -433,6 +434,48 @@ def test_a_plan_whose_numbers_are_known_schedules_its_step_only_where_nothing_me
     else:  # the report still names where the schedule peaks
         assert len(trained) == 1 and warm.live[0] == cold.live[0]
         assert warm.live[1].span == cold.live[1].span
+
+
+def test_the_evaluation_graphs_measured_peak_is_kept_for_the_next_plan(monkeypatch, tmp_path):
+    # A warm start's dry call would run the evaluation graph op by op to read the same bytes.
+    from types import SimpleNamespace
+
+    import torch
+
+    from sexpgpu.devices.cuda import planner
+    from sexpgpu.devices.cuda.compile_cache import StepCache
+    from sexpgpu.devices.cuda.parallel_compile import CompilePool
+
+    compiled = _smoke_gpt_planned_without_gpu()
+    device = _MeasuredDevice()
+    device.cache = StepCache(tmp_path / "cache")
+    cpu = torch.device("cpu")
+    step = SimpleNamespace(
+        graph=compiled.train_graph,
+        device=cpu,
+        copy_bytes=0,
+        copies_only=[],
+        call_peak_bytes=lambda feeds: 1 << 20,  # the step's own, kept by the step (fused.py)
+    )
+    monkeypatch.setattr(planner.Planner, "_fused_graph", lambda self, degree: step)
+    monkeypatch.setattr(planner.Planner, "_capture_room", lambda self, degree: 0)
+    measured = []
+
+    def measure(where, call):
+        measured.append(where)
+        return 64 << 20  # above the step's: the plan's live set is the evaluation's
+
+    monkeypatch.setattr(planner, "call_peak_bytes", measure)
+
+    def plan():
+        return planner.Planner(device, compiled, 1, CompilePool(0)).plan("adamw", 1, 2**40)
+
+    cold, warm = plan(), plan()
+    assert measured == [cpu]  # the second plan read the peak the first measured
+    assert cold.live == warm.live and cold.live[1] == "evaluation graph"
+    assert cold.live[0] > 64 << 20 and cold.memory == warm.memory
+    (entry,) = (tmp_path / "cache" / "plans").glob("*.plan")
+    assert device.cache.load(entry.stem, kind="plan")["eval_peak"] == 64 << 20
 
 
 def test_a_step_of_one_call_counts_the_gradients_it_returns_in_its_live_set():

@@ -184,9 +184,12 @@ class CudaDevice:
         lines += recompute_lines(plan)
         live, node = plan.live
         if isinstance(node, str):  # measured by a dry call
+            kept = getattr(plan.fused, "peak_kept", False)  # measured by an earlier run
+            when = "by an earlier run on this GPU (kept in the compile cache)"
+            when = when if kept else "before the first step"
             lines.append(
                 f"memory: the live set ({live / 2**20:.1f} MiB) is the {node}'s own, "
-                "measured over calls on zeros before the first step"
+                f"measured over calls on zeros {when}"
             )
         elif node is not None:
             where = f" at {node.span}" if node.span is not None else ""

@@ -177,6 +177,10 @@ class FusedGraph:
         self.copied: list[str] = []  # the parameters read from their bf16 copies
         self.copies_only: list[str] = []  # of them, those whose f32 the step reads nowhere
         self.kernels: list[Kernel] = []
+        # A plain call's peak measured by `call_peak_bytes`, kept in the step's cache entry.
+        self.peak: int | None = None
+        self.peak_kept = False  # whether `peak` came from the entry (an earlier run measured it)
+        self._entry_at: tuple[StepCache, str] | None = None
         with _COMPILING:
             self._compiled = self._compile(examples, cache)
         self._replay = Replay(self.device, "fused step")
@@ -296,12 +300,16 @@ class FusedGraph:
                 options={**options, "param_copies": self.copies},
                 settings=settings(),
             )
+            self._entry_at = cache, key
             entry = cache.load(key)
             if entry is not None:
                 loaded = self._load(entry, options)
                 if loaded is not None:
                     if loaded[1] != entry.get("keys"):  # graphs compiled again, or keys not noted
                         cache.save(key, {**entry, "keys": loaded[1]})
+                    peak = entry.get("peak")
+                    if isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0:
+                        self.peak, self.peak_kept = peak, True
                     return loaded[0]
         if self._pool is not None:
             self._pool.start()  # their imports overlap the trace
@@ -603,11 +611,21 @@ class FusedGraph:
         set is read from the allocator over calls on `feeds` before the first
         step (`sexpgpu.runtime.memory.call_peak_bytes`), rather than from the
         op-by-op schedule. None on the CPU, or where the dry call does not fit.
+
+        The peak is kept in the step's compile cache entry, whose key names
+        the compiled code, the GPU and the libraries: a step loaded from the
+        cache with its peak is not called again (two calls and their waits of
+        a warm start; `peak_kept` says so).
         """
-        if self.device.type != "cuda":
-            return None
-        flat = self._flat(feeds, self.zero_buffers())
-        return call_peak_bytes(self.device, lambda: self._compiled(*flat))
+        if self.peak is None:
+            flat = self._flat(feeds, self.zero_buffers())
+            self.peak = call_peak_bytes(self.device, lambda: self._compiled(*flat))
+            if self.peak is not None and self._entry_at is not None:
+                cache, key = self._entry_at
+                entry = cache.load(key)
+                if entry is not None:
+                    cache.save(key, {**entry, "peak": self.peak})
+        return self.peak
 
     # ------------------------------------------------------------ report
 

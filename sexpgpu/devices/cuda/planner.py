@@ -159,8 +159,12 @@ class Planner:
         # those computed here (`_numbers`).
         self._text = format_graph(compiled.train_graph, spans=False)
         self._key = self._plan_key()
-        self._known: dict[int, tuple[int, int, int]] = self._remembered()
+        kept = self._remembered()
+        self._known: dict[int, tuple[int, int, int]] = kept["degrees"]
         self._computed: dict[int, tuple[int, int, int]] = {}
+        # The evaluation graph's peak a dry call measured (None: not yet), kept beside them.
+        self._eval_peak: int | None = kept["eval_peak"]
+        self._eval_peak_new = False
 
     def plan(self, optimizer: str, ranks: int, memory: int | None, shards: int = 1) -> CudaPlan:
         device = self.device
@@ -460,8 +464,8 @@ class Planner:
         from sexpgpu.devices.cuda.compile_cache import plan_key
         from sexpgpu.devices.cuda.compile_worker import settings
 
-        if self.device.cache is None or len(self._degrees()) == 1:
-            return None  # one degree: its numbers are the plan's own, computed anyway
+        if self.device.cache is None:
+            return None
         return plan_key(
             self._text,
             format_graph(self.compiled.eval_graph, spans=False),
@@ -470,26 +474,36 @@ class Planner:
             settings=settings(),
         )
 
-    def _remembered(self) -> dict[int, tuple[int, int, int]]:
-        """The numbers an earlier plan of these graphs kept (none where absent or damaged)."""
+    def _remembered(self) -> dict[str, Any]:
+        """What an earlier plan of these graphs kept (nothing where absent or damaged).
+
+        ``degrees``: per degree, `_numbers`; ``eval_peak``: the evaluation
+        graph's peak a dry call measured, or None.
+        """
         entry = None if self._key is None else self.device.cache.load(self._key, kind="plan")
-        numbers = entry.get("degrees") if entry is not None else None
-        if not isinstance(numbers, dict):
-            return {}
+        entry = entry if entry is not None else {}
+        numbers = entry.get("degrees")
+        numbers = numbers if isinstance(numbers, dict) else {}
+        peak = entry.get("eval_peak")
         return {
-            d: tuple(n)
-            for d, n in numbers.items()
-            if isinstance(d, int)
-            and isinstance(n, tuple)
-            and len(n) == 3
-            and all(isinstance(x, int) for x in n)
+            "degrees": {
+                d: tuple(n)
+                for d, n in numbers.items()
+                if isinstance(d, int)
+                and isinstance(n, tuple)
+                and len(n) == 3
+                and all(isinstance(x, int) for x in n)
+            },
+            "eval_peak": peak if type(peak) is int and peak >= 0 else None,
         }
 
     def _remember(self) -> None:
-        """Keep the numbers computed here beside those found, for the next plan."""
-        if self._key is not None and self._computed:
+        """Keep what was computed or measured here beside what was found, for the next plan."""
+        if self._key is not None and (self._computed or self._eval_peak_new):
             numbers = {**self._known, **self._computed}
-            self.device.cache.save(self._key, {"degrees": numbers}, kind="plan")
+            entry = {"degrees": numbers, "eval_peak": self._eval_peak}
+            self.device.cache.save(self._key, entry, kind="plan")
+            self._known, self._computed, self._eval_peak_new = numbers, {}, False
 
     def _first_live(self, degree: int, measures: bool) -> tuple[int, Any]:
         """The live set a plan at `degree` starts from.
@@ -552,7 +566,10 @@ class Planner:
 
         The training side is the fused call's; the evaluation graph, which
         runs op by op, is called on zeros too (its schedule's estimate counts
-        every f32 row cross-entropy may hold).
+        every f32 row cross-entropy may hold). Both peaks are kept in the
+        compile cache (the step's entry, the plan's) and read from it by a
+        later plan of the same graphs on the same GPU and libraries, which
+        then calls neither.
         """
         from sexpgpu.devices.cuda.executor import TorchGraph
 
@@ -563,9 +580,14 @@ class Planner:
         if peak is None:
             return None
         compiled = self.compiled
-        graph = TorchGraph(compiled.eval_graph, self.first)
-        feeds = _zero_feeds(compiled.eval_graph, self.torch, self.first)
-        measured = call_peak_bytes(self.first, lambda: graph(feeds))
+        measured = self._eval_peak
+        if measured is None:
+            graph = TorchGraph(compiled.eval_graph, self.first)
+            feeds = _zero_feeds(compiled.eval_graph, self.torch, self.first)
+            measured = call_peak_bytes(self.first, lambda: graph(feeds))
+            if measured is not None:
+                self._eval_peak, self._eval_peak_new = measured, True
+                self._remember()
         if measured is not None:
             evaluation = (measured + _leaf_bytes(compiled.eval_graph), "evaluation graph")
         else:

@@ -45,6 +45,7 @@ agree.
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -61,6 +62,7 @@ def open_settings(determinism: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     _segments_that_grow()
+    _start_context()  # after the allocator's settings, before the imports below
     if determinism:
         # cuBLAS refuses deterministic mode without a fixed workspace; this is the
         # size PyTorch gives it on Hopper anyway (the memory plan counts it).
@@ -88,6 +90,28 @@ def _segments_that_grow() -> None:
     )
     if settings is not None:
         settings("expandable_segments:True")
+
+
+def _start_context() -> None:
+    """Start CUDA and the first GPU's context on a thread, beside the work that follows.
+
+    CUDA's start (the driver, the primary context) runs in C without
+    Python's lock, so the imports the switches below make (Dynamo and
+    Inductor) and the front end go on meanwhile. PyTorch guards its lazy
+    start with a lock: a first use on the main thread waits for it, and an
+    error it met is met there again and reported (this thread drops it).
+    """
+    if not torch.cuda.is_available():
+        return
+
+    def start() -> None:
+        try:
+            torch.cuda.init()
+            torch.cuda.mem_get_info(0)  # makes the context; allocates nothing
+        except Exception:  # the main thread's first use meets it again and reports it
+            return
+
+    threading.Thread(target=start, name="sexpgpu-cuda-start", daemon=True).start()
 
 
 def deterministic() -> bool:

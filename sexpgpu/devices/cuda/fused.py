@@ -308,7 +308,7 @@ class FusedGraph:
                     if loaded[1] != entry.get("keys"):  # graphs compiled again, or keys not noted
                         cache.save(key, {**entry, "keys": loaded[1]})
                     peak = entry.get("peak")
-                    if isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0:
+                    if type(peak) is int and peak >= 0:  # else measured again
                         self.peak, self.peak_kept = peak, True
                     return loaded[0]
         if self._pool is not None:

@@ -100,8 +100,10 @@ def _start_context() -> None:
     Inductor) and the front end go on meanwhile. PyTorch guards its lazy
     start with a lock: a first use on the main thread waits for it, and an
     error it met is met there again and reported (this thread drops it).
+    The thread is not a daemon: a run that stops early (a file refused)
+    exits once CUDA's start is done, never in the middle of it.
     """
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or torch.cuda.is_initialized():
         return
 
     def start() -> None:
@@ -111,7 +113,7 @@ def _start_context() -> None:
         except Exception:  # the main thread's first use meets it again and reports it
             return
 
-    threading.Thread(target=start, name="sexpgpu-cuda-start", daemon=True).start()
+    threading.Thread(target=start, name="sexpgpu-cuda-start").start()
 
 
 def deterministic() -> bool:

@@ -85,7 +85,7 @@ def main() -> None:
 
     def stop_at_first(self, step):
         seconds = first_step(self, step)
-        if seconds is not None and profile is not None:
+        if seconds is not None:
             profile.disable()
         return seconds
 

@@ -55,7 +55,7 @@ from typing import Any
 
 from sexpgpu.runtime.files import remove_stale_partials, replace_whole
 
-__all__ = ["FORMAT", "StepCache", "open_cache", "plan_key", "step_key"]
+__all__ = ["FORMAT", "StepCache", "kept_bytes", "open_cache", "plan_key", "step_key"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,11 @@ class StepCache:
             replace_whole(path, data)
         except OSError as error:  # a cache that cannot be written costs a compile next time
             log.warning("compile cache: %s not saved (%s)", path, error)
+
+
+def kept_bytes(value: Any) -> int | None:
+    """A byte count an entry kept (a measured peak), or None where it holds anything else."""
+    return value if type(value) is int and value >= 0 else None
 
 
 def open_cache(environ: Mapping[str, str]) -> StepCache | None:

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.devices.cuda.compile_cache import StepCache, step_key
+from sexpgpu.devices.cuda.compile_cache import StepCache, kept_bytes, step_key
 from sexpgpu.devices.cuda.compile_worker import (
     compile_part,
     input_metadata,
@@ -307,9 +307,8 @@ class FusedGraph:
                 if loaded is not None:
                     if loaded[1] != entry.get("keys"):  # graphs compiled again, or keys not noted
                         cache.save(key, {**entry, "keys": loaded[1]})
-                    peak = entry.get("peak")
-                    if type(peak) is int and peak >= 0:  # else measured again
-                        self.peak, self.peak_kept = peak, True
+                    self.peak = kept_bytes(entry.get("peak"))  # None: measured again
+                    self.peak_kept = self.peak is not None
                     return loaded[0]
         if self._pool is not None:
             self._pool.start()  # their imports overlap the trace

@@ -480,11 +480,11 @@ class Planner:
         ``degrees``: per degree, `_numbers`; ``eval_peak``: the evaluation
         graph's peak a dry call measured, or None.
         """
-        entry = None if self._key is None else self.device.cache.load(self._key, kind="plan")
-        entry = entry if entry is not None else {}
+        from sexpgpu.devices.cuda.compile_cache import kept_bytes
+
+        entry = {} if self._key is None else self.device.cache.load(self._key, kind="plan") or {}
         numbers = entry.get("degrees")
         numbers = numbers if isinstance(numbers, dict) else {}
-        peak = entry.get("eval_peak")
         return {
             "degrees": {
                 d: tuple(n)
@@ -494,7 +494,7 @@ class Planner:
                 and len(n) == 3
                 and all(isinstance(x, int) for x in n)
             },
-            "eval_peak": peak if type(peak) is int and peak >= 0 else None,
+            "eval_peak": kept_bytes(entry.get("eval_peak")),
         }
 
     def _remember(self) -> None:

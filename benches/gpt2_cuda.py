@@ -22,7 +22,10 @@ again in the backward too (docs/ir.md, "Cheap values, always");
 ``sexpgpu-1mib`` offers the cuBLASLt products 1 MiB of workspace instead
 of 32 MiB (the default before 2026-12-06), with which the weights'
 gradients, written in f32 straight into their sums, cannot split their
-long sums as PyTorch's cuBLAS products do.
+long sums as PyTorch's cuBLAS products do; ``sexpgpu-norms-kept`` keeps
+the values of norms, gelu and softmax for the backward instead of making
+them again there (the default until 2026-12-06; elementwise values are
+made again either way).
 
     python benches/gpt2_cuda.py                        # batch 16 and 32, every side
     python benches/gpt2_cuda.py --batches 16 --sides sexpgpu eager
@@ -54,11 +57,14 @@ STARTED = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_interpreter import GPT as CPU_GPT  # noqa: E402
 
+from sexpgpu.ir.ops import ELEMENTWISE  # noqa: E402
+
 # sexpgpu's sides: module -> {name: value} set in the side's process before it plans.
 SEXPGPU_SIDES: dict[str, dict[str, dict[str, object]]] = {
     "sexpgpu": {},
     "sexpgpu-products": {"sexpgpu.devices.cuda.planner": {"CHEAP_INTO_PRODUCTS": True}},
     "sexpgpu-1mib": {"sexpgpu.devices.cuda.cublaslt": {"WORKSPACE": 1 << 20}},
+    "sexpgpu-norms-kept": {"sexpgpu.ir.recompute": {"ONE_PASS": ELEMENTWISE}},
 }
 PEERS = ["eager", "compile", "reduce-overhead"]
 

@@ -23,12 +23,12 @@ Reported per side: tokens per second (the median step after ``--warmup``),
 MFU against the bf16 matmul rate measured in the same run, the first step's
 latency from the process's start, the allocator's peak, and for sexpgpu
 its memory plan (the ``plan GiB`` column; ``memory`` in the JSON line says
-peak against plan). The sides ``sexpgpu-products`` and
-``sexpgpu-1mib`` are sexpgpu with one mechanism changed
+peak against plan). The sides ``sexpgpu-products``, ``sexpgpu-1mib`` and
+``sexpgpu-norms-kept`` are sexpgpu with one mechanism changed
 (benches/gpt2_cuda.py's `SEXPGPU_SIDES`): the cheap values that products
 read made again in the backward too (as PyTorch's partitioner does; less
-memory, a pass more per value), or 1 MiB of cuBLASLt workspace instead of
-32 MiB.
+memory, a pass more per value), 1 MiB of cuBLASLt workspace instead of
+32 MiB, or the norms' values kept for the backward.
 
     python benches/llama_cuda.py                           # both shapes, every side
     python benches/llama_cuda.py --shapes 124m --sides sexpgpu compile

@@ -35,10 +35,10 @@ chooses them for a memory budget, with the least added work:
    backward keeps most of its late blocks' products this way.
 
 Apart from any budget, `cheap` lists what a fusing device makes again
-always, as PyTorch's partitioner does: kept values of the IR's elementwise
-ops made from kept values only. Making them again frees their bytes and
-keeps nothing new; the backward's fused kernels make them where they read
-them.
+always, as PyTorch's partitioner does: kept values of the ops made in one
+pass over their operands (`ONE_PASS`: elementwise ops, norms, gelu) made
+from kept values only. Making them again frees their bytes and keeps
+nothing new; the backward's fused kernels make them where they read them.
 
 Values are counted by buffer: a view (reshape, transpose, broadcast, slice)
 shares its operand's buffer, is never a choice of its own, and is made again
@@ -63,11 +63,26 @@ from sexpgpu.ir.dtypes import DType
 from sexpgpu.ir.node import Graph, Node, topological_order
 from sexpgpu.ir.ops import ELEMENTWISE, FUSED, LEAF, VIEW, Op
 
-__all__ = ["Move", "Recomputation", "cheap", "cuts", "fit", "moves", "recompute_graph", "work"]
+__all__ = [
+    "ONE_PASS",
+    "Move",
+    "Recomputation",
+    "cheap",
+    "cuts",
+    "fit",
+    "moves",
+    "recompute_graph",
+    "work",
+]
 
 _ITEMSIZE = {DType.F32: 4, DType.BF16: 2, DType.F64: 8, DType.INT32: 4, DType.BOOL: 1}
 # Work per element of the fused ops, relative to an add (their exp, rsqrt, tanh, rows).
 _PER_ELEMENT = {op: 5 for op in FUSED} | {Op.LAYERNORM: 8, Op.GELU: 8}
+# The ops a fusing device makes inside the kernel that reads their value, in one pass over
+# their operands (`cheap`): elementwise ones, and those whose element reads one row of
+# its operand (a norm, a softmax, gelu). A layernorm made again reads its input where the
+# kept value was read: the same bytes, and the forward no longer writes it.
+ONE_PASS = ELEMENTWISE | {Op.GELU, Op.LAYERNORM, Op.SOFTMAX, Op.LOG_SOFTMAX}
 
 
 _NEVER = 1 << 62
@@ -278,7 +293,7 @@ def moves(graph: Graph, loss: str = "loss") -> list[Move]:
 
 
 def cheap(graph: Graph, loss: str = "loss", *, into_products: bool = True) -> list[Node]:
-    """The kept buffers free to make again: elementwise values made from kept values.
+    """The kept buffers free to make again: values of `ONE_PASS` ops made from kept values.
 
     Taken one at a time, most bytes first, so that a chain (a sigmoid, then
     the product with it) goes whole. A cast of a leaf stays kept (a fusing
@@ -298,7 +313,7 @@ def cheap(graph: Graph, loss: str = "loss", *, into_products: bool = True) -> li
         (root,) = move.roots if len(move.roots) == 1 else (None,)
         return (
             root is not None
-            and root.op in ELEMENTWISE
+            and root.op in ONE_PASS
             and move.freed == _bytes(root)
             and not all(_root(x).op in LEAF for x in root.inputs)
             and (into_products or readers.get(id(root), set()) <= pointwise)

@@ -104,7 +104,7 @@ def test_the_cuda_plan_makes_the_llamas_cheap_values_again(capsys, monkeypatch):
     llama = GPT.parent / "llama.lisp"
     assert main(["explain", str(llama), "--variant", "smoke", "--device", "cuda"]) == 0
     out = capsys.readouterr().out
-    made = re.search(r"; made again in the backward: (\d+) elementwise values", out)
+    made = re.search(r"; made again in the backward: (\d+) values of one pass", out)
     assert made and int(made.group(1)) > 0
     assert "recompute:" not in out  # apart from any budget, no FLOPs added
 
@@ -188,7 +188,7 @@ def test_the_cuda_plan_chooses_recomputation_with_the_stacking_degree():
     roomy = plan(2**40)
     assert roomy.recompute is None and roomy.stacked is not compiled.train_graph
     one = plan(2**40, microbatches=1).memory
-    tight = plan(int(one.total - 0.3 * one.parts["activations"]))
+    tight = plan(int(one.total - 0.15 * one.parts["activations"]))
     assert tight.recompute is not None and tight.memory.fits
     assert tight.stacked is tight.recompute.graph  # recomputed after stacking, as it runs
     assert tight.choice.degree in (1, 2)
@@ -211,7 +211,7 @@ def test_a_plan_made_to_fit_leaves_its_capture_room_where_it_can(monkeypatch):
         )
 
     one = plan(2**40).memory
-    budget = int(one.total - 0.3 * one.parts["activations"])
+    budget = int(one.total - 0.15 * one.parts["activations"])
     largest = max(n.size * numpy_dtype(n.dtype).itemsize for n in compiled.train_graph.nodes())
     roomy = plan(budget)
     assert roomy.recompute is not None and roomy.memory.total + largest <= budget
@@ -334,7 +334,7 @@ def test_a_step_that_fits_is_kept_where_the_search_for_its_capture_room_overshoo
     room = 1 << 20
     planned = _planned_as_measured(monkeypatch, room)
     one = planned(lambda self, degree: None, 2**40).memory
-    budget = int(one.total - 0.3 * one.parts["activations"])
+    budget = int(one.total - 0.15 * one.parts["activations"])
     estimate = planned(lambda self, degree: None, budget)
     assert estimate.recompute is not None and estimate.memory.total + room <= budget
     over = budget - room // 2 - estimate.memory.total  # fits, with half the room
@@ -356,7 +356,7 @@ def _first_measured_to_the_last_byte(monkeypatch):
     fills the budget to its last byte and every later one measures as scheduled."""
     planned = _planned_as_measured(monkeypatch, 1 << 40)  # no room for a capture, ever
     one = planned(lambda self, degree: None, 2**40).memory
-    budget = int(one.total - 0.3 * one.parts["activations"])
+    budget = int(one.total - 0.15 * one.parts["activations"])
     estimate = planned(lambda self, degree: None, budget)
     assert estimate.recompute is not None and estimate.recompute.fits
     measured = []

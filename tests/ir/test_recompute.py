@@ -144,9 +144,21 @@ def _products_read_made_again(graph, rewritten, roots):
     return any(id(base(x)) in made for n in rewritten.nodes() if n.op in PRODUCT for x in n.inputs)
 
 
-def test_the_gpt_has_no_cheap_values():
-    # Its activations are fused ops (layernorm, gelu) and products: nothing to make again.
-    assert cheap(_train_graph().train_graph, into_products=False) == []
+def test_the_gpts_normalized_values_are_made_again_and_give_the_same_bits():
+    # Each layernorm's output is read by its gain's gradient alone (a product reads the
+    # output with its gain and bias): made again from the norm's input, which is kept
+    # for the norm's own gradient. Gelu's output, read by a product, stays kept.
+    graph = _train_graph("long", text=GPT.read_text() + LONG).train_graph
+    roots = cheap(graph, into_products=False)
+    assert roots and {r.op for r in roots} == {Op.LAYERNORM}
+    assert len(roots) == sum(n.op is Op.LAYERNORM for n in graph.nodes())
+    rewritten = recompute_graph(graph, roots)
+    assert matmul_flops(rewritten) == matmul_flops(graph)
+    assert _peak(rewritten) < _peak(graph)
+    feeds = _feeds(graph, seed=3)
+    before, after = CpuProgram(graph)(feeds), CpuProgram(rewritten)(feeds)
+    for name in graph.outputs:
+        assert np.array_equal(before[name], after[name]), name
 
 
 def test_the_report_line():

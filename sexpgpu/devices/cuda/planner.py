@@ -695,7 +695,7 @@ def _update_scratch(optimizer: str, compiled: CompiledRun) -> int:
 
 def _cheap_line(values: int) -> str:
     return (
-        f"made again in the backward: {values} elementwise values of kept inputs "
+        f"made again in the backward: {values} values of one pass over kept inputs "
         "(in the kernels that read them)"
     )
 

@@ -3,7 +3,8 @@
     python dev/live_at_peak.py FILE.lisp [--variant V] [--top 25]
 
 Prints the peak, the node there, and the buffers live at it grouped by
-(op, dtype, shape): how many and their bytes, largest first. The step's
+(op, dtype, shape): how many and their bytes, largest first, and the ops
+that read each group after the peak (through views): what keeps it. The step's
 parameters are held (a whole fused step). `--cheap` makes the IR's
 elementwise values again as a fusing device does (`recompute.cheap`):
 those read by pointwise ops only (default), all of them, or none.
@@ -18,6 +19,8 @@ from sexpgpu.devices.cuda import executor
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.ir.recompute import cheap, recompute_graph
 from sexpgpu.lang import load_experiment
+
+VIEWS = {"reshape", "transpose", "broadcast-to", "slice"}
 
 
 def main() -> None:
@@ -53,7 +56,10 @@ def main() -> None:
             for s in dying[i]:
                 live -= nbytes[s]
                 alive.discard(s)
-        caught.update(peak=best[0], at=best[1], alive=best[2], order=order, nbytes=nbytes, base=base)
+        caught.update(
+            peak=best[0], at=best[1], alive=best[2], order=order, nbytes=nbytes, base=base,
+            storage=storage,
+        )
         return best[0], order[best[1]] if best[1] is not None else None
 
     executor.simulate_peak = simulate
@@ -63,15 +69,33 @@ def main() -> None:
     at = order[caught["at"]]
     print(f"peak {caught['peak'] / 2**30:.2f} GiB at %{caught['at']} {at.op.label} {at.shape}")
     print(f"held all call (parameters, constants): {caught['base'] / 2**30:.2f} GiB")
+    # The ops that read each buffer after the peak, through any view of it.
+    position = {id(n): i for i, n in enumerate(order)}
+    storage = caught["storage"]
+    later: dict[int, Counter] = {}
+    for j in range(caught["at"] + 1, len(order)):
+        reader = order[j]
+        if reader.op.label in VIEWS:
+            continue
+        for x in reader.inputs:
+            s = storage[position[id(x)]] if id(x) in position else None
+            if s is not None:
+                later.setdefault(s, Counter())[reader.op.label] += 1
     groups: Counter = Counter()
     counts: Counter = Counter()
+    readers: dict[tuple, Counter] = {}
     for i in caught["alive"]:
         node = order[i]
         key = (node.op.label, node.dtype.name, tuple(node.shape))
         groups[key] += nbytes[i]
         counts[key] += 1
+        readers.setdefault(key, Counter()).update(later.get(i, Counter()))
     for key, b in groups.most_common(args.top):
-        print(f"{b / 2**20:10.1f} MiB {counts[key]:4d}x  {key[0]:14s} {key[1]:5s} {key[2]}")
+        read = ", ".join(f"{op} x{n}" for op, n in readers[key].most_common(4)) or "-"
+        print(
+            f"{b / 2**20:10.1f} MiB {counts[key]:4d}x  {key[0]:14s} {key[1]:5s} "
+            f"{str(key[2]):22s} read by {read}"
+        )
 
 
 

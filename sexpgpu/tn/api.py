@@ -26,7 +26,7 @@ from .args import (
 from .engine import backends_for, execute
 from .exact import exact_two_sites
 from .interop import open_trains, quimb_kind
-from .nodes import node_config, open_nodes, problem_key, shared_seed
+from .nodes import node_config, open_nodes, problem_key, shared_products, shared_seed
 from .resources import Resources
 from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
@@ -99,6 +99,7 @@ def run_stack(call: StackCall) -> Any:
         # What every node must agree on; one node has no one to agree with.
         problem = _problem(fn, stack, chi, size, cut, work, out) if link.nodes > 1 else {}
         seed = shared_seed(link, fn, seed, problem)
+        shared_products(link)
         if stack.n_sites < MIN_SWEEP_SITES:
             # every node computes it; with ``out`` node 0 writes it
             writes = out is not None and link.node_rank == 0

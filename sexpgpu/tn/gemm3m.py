@@ -11,7 +11,13 @@ so the products run at the real GEMM's rate: a quarter fewer operations.
 On the 2-core EPYC of benches/README.md a 400x100x400 complex128 product
 takes 0.75 of ``zgemm``'s time (1.96 against 2.66 ms), 0.8 to 0.9 at
 200x50x200, and more than ``zgemm`` where a side is below about 40 and the
-packing dominates (`MIN_SIDE`). The error bound is normwise, as ``zgemm``'s,
+packing dominates (`MIN_SIDE`). But OpenBLAS has no AVX-512 kernels for the
+3M method: on an Intel Xeon with AVX-512 (OpenBLAS's ``SkylakeX`` kernels)
+the same product takes 1.5 to 1.8 times ``zgemm``'s time, which runs there
+at nearly twice its AVX2 rate. So whether the method pays is the machine's
+fact, measured once per process (`choices`) on a product of the sweep's
+size, and taken where it is at least 5% faster. The error bound is
+normwise, as ``zgemm``'s,
 with a somewhat larger constant (Higham, *Accuracy and Stability of
 Numerical Algorithms*, 2nd ed., ch. 23); measured, both products differ from
 the exact one by about 1e-15 relative in double precision.
@@ -27,13 +33,15 @@ real multiplications per complex one.
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_SIDE", "MIN_WORK", "available", "dot"]
+__all__ = ["MIN_SIDE", "MIN_WORK", "available", "choices", "dot", "pin"]
 
 # Where the 3M method pays, measured on the EPYC of benches/README.md at the
 # sweep's shapes: each side at least MIN_SIDE and m n k at least MIN_WORK[dtype]
@@ -41,6 +49,13 @@ __all__ = ["MIN_SIDE", "MIN_WORK", "available", "dot"]
 # precision the plain product runs twice as fast, so the 3M one pays later).
 MIN_SIDE = 40
 MIN_WORK = {"D": 1 << 18, "F": 1 << 20}
+
+# The trial product (m, k, n) that decides whether the method pays here: past both
+# bounds above, about the size of a bulk site's products at bond 50 to 100.
+TRIAL = (192, 96, 192)
+PAYS = 0.95  # the 3M product's best time against the plain one's, at most
+# Set to 0 or 1, it decides instead of the trial (every process the same way).
+ENV = "SEXPGPU_GEMM3M"
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _SYMBOLS = {"D": "scipy_cblas_zgemm3m64_", "F": "scipy_cblas_cgemm3m64_"}
@@ -77,9 +92,52 @@ def available(dtype: np.dtype) -> bool:
     return dtype.kind == "c" and dtype.char in _routines()
 
 
+_pinned: dict[str, bool] = {}
+
+
+def choices() -> dict[str, bool]:
+    """Whether this process takes the 3M GEMM, by dtype char ("D", "F"): pinned, set, or timed."""
+    return {char: _chosen(char) for char in _SYMBOLS}
+
+
+def pin(chosen: dict[str, bool]) -> None:
+    """Take `chosen` (another process's `choices`) from now on: the same products, the same bits."""
+    _pinned.update({char: bool(chosen[char]) for char in _SYMBOLS if char in chosen})
+
+
+def _chosen(char: str) -> bool:
+    if char not in _routines():
+        return False
+    if char in _pinned:
+        return _pinned[char]
+    setting = os.environ.get(ENV, "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return _faster_here(char)
+
+
+@cache
+def _faster_here(char: str) -> bool:
+    """Whether the 3M GEMM beats ``np.dot`` by `PAYS` on `TRIAL` here (best of interleaved runs)."""
+    m, k, n = TRIAL
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, 2 * k)).view(np.complex128).astype(char)
+    b = rng.standard_normal((k, 2 * n)).view(np.complex128).astype(char)
+    out = np.empty((m, n), char)
+    plain, three = [], []
+    for _ in range(8):  # the first of each warms the caches and BLAS's buffers
+        began = time.perf_counter()
+        np.dot(a, b, out=out)
+        plain.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        _gemm3m(a, b, out)
+        three.append(time.perf_counter() - began)
+    return min(three[1:]) <= PAYS * min(plain[1:])
+
+
 def _pays(work: int, dtype: np.dtype) -> bool:
     """Whether a product of ``work`` multiply-adds (each side long enough) takes the 3M GEMM."""
-    return available(dtype) and work >= MIN_WORK[dtype.char]
+    return available(dtype) and work >= MIN_WORK[dtype.char] and _chosen(dtype.char)
 
 
 def _operand(x: np.ndarray) -> tuple[int, int] | None:
@@ -105,6 +163,19 @@ def dot(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarr
         return np.dot(a, b, out=out)
     if out is None:
         out = np.empty((m, n), a.dtype)
+    return _gemm3m(a, b, out, ta, tb)
+
+
+def _gemm3m(
+    a: np.ndarray,
+    b: np.ndarray,
+    out: np.ndarray,
+    ta: tuple[int, int] | None = None,
+    tb: tuple[int, int] | None = None,
+) -> np.ndarray:
+    """``out = a @ b`` by the 3M GEMM; `ta`, `tb`: the operands' `_operand` (row-major if None)."""
+    (m, k), n = a.shape, b.shape[1]
+    ta, tb = ta or (_NO_TRANS, k), tb or (_NO_TRANS, n)
     assert out.flags.c_contiguous and out.shape == (m, n) and out.dtype == a.dtype
     one, zero = _scalars(a.dtype.char)
     _routines()[a.dtype.char](

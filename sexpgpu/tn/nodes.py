@@ -43,6 +43,7 @@ from sexpgpu.runtime.config import RuntimeConfig
 from sexpgpu.runtime.devices import Device
 from sexpgpu.runtime.nodes import NodeLink
 
+from . import gemm3m
 from .comm import Context
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "node_config",
     "open_nodes",
     "problem_key",
+    "shared_products",
     "shared_seed",
 ]
 
@@ -139,6 +141,12 @@ def shared_seed(link: NodeLink, fn: str, seed: object, problem: Mapping[str, obj
     entropy = int(np.random.SeedSequence().entropy) if seed is None else None  # type: ignore[arg-type]
     posts = agree(link, fn, {**problem, "seed": state, "entropy": entropy})
     return posts[0]["entropy"] if seed is None else seed
+
+
+def shared_products(link: NodeLink) -> None:
+    """Every node takes node 0's host products (`gemm3m.choices`): the same bits as one process."""
+    if link.nodes > 1:
+        gemm3m.pin(link.allgather(gemm3m.choices())[0])
 
 
 # --- the payloads ------------------------------------------------------------

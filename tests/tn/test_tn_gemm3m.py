@@ -10,6 +10,12 @@ from sexpgpu.tn import gemm3m
 TOL = {np.complex64: 2e-6, np.complex128: 1e-14}
 
 
+@pytest.fixture
+def taken(monkeypatch):
+    """The 3M GEMM taken wherever it pays by shape, whatever this machine's trial says."""
+    monkeypatch.setattr(gemm3m, "_pinned", {"D": True, "F": True})
+
+
 def _draw(rng, shape, dtype):
     return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
 
@@ -23,7 +29,7 @@ def _layouts(x):
 
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128], ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(200, 64, 120), (64, 300, 64), (41, 40, 1000)])
-def test_the_3m_product_equals_numpys_in_every_layout(dtype, shape):
+def test_the_3m_product_equals_numpys_in_every_layout(dtype, shape, taken):
     if not gemm3m.available(np.dtype(dtype)):
         pytest.skip("NumPy's BLAS here has no 3M GEMM")
     m, k, n = shape
@@ -52,7 +58,7 @@ def test_small_real_mixed_and_strided_products_are_numpys():
         np.testing.assert_array_equal(gemm3m.dot(x, y), np.dot(x, y))
 
 
-def test_the_3m_product_is_taken_where_it_pays(monkeypatch):
+def test_the_3m_product_is_taken_where_it_pays(monkeypatch, taken):
     if not gemm3m.available(np.dtype(np.complex128)):
         pytest.skip("NumPy's BLAS here has no 3M GEMM")
     calls = []
@@ -66,7 +72,7 @@ def test_the_3m_product_is_taken_where_it_pays(monkeypatch):
     assert calls
 
 
-def test_a_result_written_into_out_is_the_product():
+def test_a_result_written_into_out_is_the_product(taken):
     rng = np.random.default_rng(3)
     a, b = _draw(rng, (90, 60), np.complex128), _draw(rng, (60, 70), np.complex128)
     for x, y in [(a, b), (a[:, :30], b[:30])]:  # the 3M GEMM where it is found, and np.dot
@@ -88,3 +94,25 @@ def test_the_host_backend_reuses_a_named_scratch_buffer():
     stacked = xp.matmul(np.stack([a, a]), np.stack([b, b]), scratch="m")
     np.testing.assert_allclose(stacked[1], a @ b, rtol=1e-13, atol=1e-13)
     assert not np.shares_memory(xp.dot(a, b), first)  # unnamed: its own array
+
+
+def test_the_machine_decides_once_unless_set_or_pinned(monkeypatch):
+    if not gemm3m.available(np.dtype(np.complex128)):
+        pytest.skip("NumPy's BLAS here has no 3M GEMM")
+    monkeypatch.setattr(gemm3m, "_pinned", {})
+    measured = gemm3m.choices()
+    assert set(measured) == {"D", "F"} and gemm3m.choices() == measured  # timed once
+    calls = []
+    real = np.dot
+    monkeypatch.setattr(np, "dot", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    rng = np.random.default_rng(5)
+    a, b = _draw(rng, (128, 64), np.complex128), _draw(rng, (64, 128), np.complex128)
+    for setting, plain in (("0", True), ("1", False)):
+        monkeypatch.setenv(gemm3m.ENV, setting)
+        calls.clear()
+        gemm3m.dot(a, b)
+        assert bool(calls) == plain, setting
+    gemm3m.pin({"D": False})  # another process's choice wins over the setting
+    calls.clear()
+    gemm3m.dot(a, b)
+    assert calls and gemm3m.choices()["D"] is False

@@ -113,3 +113,20 @@ def test_node_settings_from_resources_win_over_the_variables():
     with pytest.raises(SexpgpuError) as info:
         node_config(Resources(nodes=2, node_rank=5, rendezvous="127.0.0.1:1"), "cpu", [0], {})
     assert info.value.code == "E-DP-005"
+
+
+def test_every_node_takes_node_0s_host_products(monkeypatch):
+    """Whether the 3M GEMM pays is timed per process; the nodes of one sweep take node 0's."""
+    from sexpgpu.tn import gemm3m
+    from sexpgpu.tn.nodes import shared_products
+
+    class TwoNodes:
+        nodes = 2
+
+        def allgather(self, mine):
+            return [{"D": True, "F": False}, mine]  # node 0's choice, then this node's
+
+    monkeypatch.setattr(gemm3m, "_pinned", {})
+    monkeypatch.setenv(gemm3m.ENV, "0")  # this node alone would take the plain product
+    shared_products(TwoNodes())
+    assert gemm3m._pinned == {"D": True, "F": False}

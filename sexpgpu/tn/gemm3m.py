@@ -106,17 +106,20 @@ def pin(chosen: dict[str, bool]) -> None:
 
 
 def _chosen(char: str) -> bool:
+    return _pinned[char] if char in _pinned else _decided(char)
+
+
+@cache
+def _decided(char: str) -> bool:
+    """This process's own choice: the setting where there is one, else the trial's."""
     if char not in _routines():
         return False
-    if char in _pinned:
-        return _pinned[char]
     setting = os.environ.get(ENV, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
     return _faster_here(char)
 
 
-@cache
 def _faster_here(char: str) -> bool:
     """Whether the 3M GEMM beats ``np.dot`` by `PAYS` on `TRIAL` here (best of interleaved runs)."""
     m, k, n = TRIAL

@@ -96,7 +96,15 @@ def test_the_host_backend_reuses_a_named_scratch_buffer():
     assert not np.shares_memory(xp.dot(a, b), first)  # unnamed: its own array
 
 
-def test_the_machine_decides_once_unless_set_or_pinned(monkeypatch):
+@pytest.fixture
+def fresh_choice():
+    """The process's own choice made anew in the test and after it."""
+    gemm3m._decided.cache_clear()
+    yield
+    gemm3m._decided.cache_clear()
+
+
+def test_the_machine_decides_once_unless_set_or_pinned(monkeypatch, fresh_choice):
     if not gemm3m.available(np.dtype(np.complex128)):
         pytest.skip("NumPy's BLAS here has no 3M GEMM")
     monkeypatch.setattr(gemm3m, "_pinned", {})
@@ -109,6 +117,7 @@ def test_the_machine_decides_once_unless_set_or_pinned(monkeypatch):
     a, b = _draw(rng, (128, 64), np.complex128), _draw(rng, (64, 128), np.complex128)
     for setting, plain in (("0", True), ("1", False)):
         monkeypatch.setenv(gemm3m.ENV, setting)
+        gemm3m._decided.cache_clear()  # the setting is read once per process
         calls.clear()
         gemm3m.dot(a, b)
         assert bool(calls) == plain, setting

@@ -47,6 +47,7 @@ from quimb.tensor.tnag.core import (  # noqa: E402
 )
 
 import sexpgpu.tn as tn  # noqa: E402
+from sexpgpu.tn import gemm3m  # noqa: E402
 
 DTYPE = "complex128"
 # Errors from inner products cancel to about sqrt(machine epsilon) of the norm.
@@ -227,7 +228,11 @@ def main() -> int:
     for fn in peers(small, 4, True).values():
         fn(0)
 
-    print(f"threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')} reps={args.reps}")
+    # Whether sexpgpu.tn's host products take the 3M GEMM here (timed once per process).
+    print(
+        f"threads={os.environ.get('OPENBLAS_NUM_THREADS', 'default')} reps={args.reps} "
+        f"3M products={gemm3m.choices()}"
+    )
     header = (
         "| case | peer | median s | median CPU s | rel. error | time vs sexpgpu.tn "
         "| CPU time vs sexpgpu.tn |"

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from . import gemm3m
 from .args import (
     check_chi_out,
     check_cutoff,
@@ -84,6 +85,7 @@ def run_stack(call: StackCall) -> Any:
     cut = check_cutoff(fn, options.cutoff)
     size = sketch_size(fn, chi, options.oversample)
     check_seed(fn, seed)
+    gemm3m.check_setting(fn)
     opened = open_trains(call.trains, fn, call.names)
     where = check_device(fn, options.device, opened.on_gpu)
     res = check_resources(fn, options.resources) or Resources()

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_SIDE", "MIN_WORK", "available", "choices", "dot", "pin"]
+__all__ = ["MIN_SIDE", "MIN_WORK", "available", "check_setting", "choices", "dot", "pin"]
 
 # Where the 3M method pays, measured on the EPYC of benches/README.md at the
 # sweep's shapes: each side at least MIN_SIDE and m n k at least MIN_WORK[dtype]
@@ -109,15 +109,24 @@ def _chosen(char: str) -> bool:
     return _pinned[char] if char in _pinned else _decided(char)
 
 
+def check_setting(fn: str) -> bool | None:
+    """`ENV`'s choice (None: unset, the trial decides); a value not 0 or 1 is a ValueError."""
+    setting = os.environ.get(ENV, "").strip()
+    if setting not in ("", "0", "1"):
+        raise ValueError(
+            f"{fn}: {ENV} must be 0 (NumPy's complex products) or 1 (the 3M GEMM where it "
+            f"pays by shape), or unset (timed on this machine), got {setting!r}."
+        )
+    return None if not setting else setting == "1"
+
+
 @cache
 def _decided(char: str) -> bool:
     """This process's own choice: the setting where there is one, else the trial's."""
     if char not in _routines():
         return False
-    setting = os.environ.get(ENV, "").strip()
-    if setting in ("0", "1"):
-        return setting == "1"
-    return _faster_here(char)
+    setting = check_setting("sexpgpu.tn")
+    return _faster_here(char) if setting is None else setting
 
 
 def _faster_here(char: str) -> bool:

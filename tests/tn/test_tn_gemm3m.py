@@ -125,3 +125,13 @@ def test_the_machine_decides_once_unless_set_or_pinned(monkeypatch, fresh_choice
     calls.clear()
     gemm3m.dot(a, b)
     assert calls and gemm3m.choices()["D"] is False
+
+
+def test_a_setting_other_than_0_or_1_is_refused_before_any_work(monkeypatch, fresh_choice):
+    from sexpgpu.tn import src
+
+    monkeypatch.setenv(gemm3m.ENV, "yes")
+    rng = np.random.default_rng(6)
+    train = [_draw(rng, (1, 2, 3), np.complex128), _draw(rng, (3, 2, 1), np.complex128)]
+    with pytest.raises(ValueError, match="SEXPGPU_GEMM3M must be 0"):
+        src(train, train, chi_out=2, seed=0)

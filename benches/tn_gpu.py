@@ -20,8 +20,9 @@ Run from the repository root on a machine with a GPU, CuPy and src-method::
                              [--products single|double]
 
 ``--products`` sets how sexpgpu.tn runs its large single-precision products
-on the GPU (`sexpgpu.tn.backend.GPU_PRODUCTS`: in double, the default, or
-as they are).
+on the GPU (`sexpgpu.tn.backend.GPU_PRODUCTS`: in double, or as they are;
+by default in double where the GPU's double-precision products are fast,
+`sexpgpu.tn.backend.wide_pays`).
 
 ``--smoke`` runs a tiny case of every path on the CPU (CI).
 """
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 import sexpgpu.tn as tn
+from sexpgpu.runtime.devices import Device
 from sexpgpu.tn import backend
 from sexpgpu.tn.backend import PRODUCTS
 
@@ -220,7 +222,8 @@ def main() -> None:
     logger.setLevel(logging.DEBUG)
     logger.addHandler(log)
     name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (smoke)"
-    print(f"# {name}, torch {torch.__version__}, products {backend.GPU_PRODUCTS} on a GPU")
+    chosen = backend.TorchBackend(Device("cuda", 0)).products if device == "cuda" else None
+    print(f"# {name}, torch {torch.__version__}, products and double Gram matrices {chosen}")
     cases = [(n, dtype, None) for n in args.sites for dtype in args.dtypes]
     if args.gpu_memory:
         cases.append((max(args.sites), "complex128", tn.Resources(gpu_memory=args.gpu_memory)))

@@ -100,6 +100,8 @@ def run_stack(call: StackCall) -> Any:
         work = work_dtype(sketch, stack.dtype)
         # What every node must agree on; one node has no one to agree with.
         problem = _problem(fn, stack, chi, size, cut, work, out) if link.nodes > 1 else {}
+        if problem:  # the GPUs' precision choices (`TorchBackend.products`) too
+            problem["gpu products"] = sorted({str(getattr(xp, "products", "")) for xp in backends})
         seed = shared_seed(link, fn, seed, problem)
         shared_products(link)
         if stack.n_sites < MIN_SWEEP_SITES:

@@ -50,7 +50,15 @@ _STAGE_PIECE = 8 << 20
 # they are, or in double ("double": complex64 widened). Three TF32 products of
 # split halves were slower and less accurate, twice (benches/README.md).
 PRODUCTS = ("single", "double")
-GPU_PRODUCTS = "double"  # the default on a GPU (benches/tn_gpu.py --products sets it)
+# The default on a GPU; None: "double" where the GPU's double-precision products
+# are fast (`wide_pays`), else "single" (benches/tn_gpu.py --products sets it).
+GPU_PRODUCTS: str | None = None
+# A widened complex64 product may take this many times the plain one and still
+# be the GPU's default: 0.94 to 1.09 on an H200 at the sweep's shapes (FP64 on
+# its tensor cores), far more where FP64 runs at 1/32 or 1/64 of FP32's rate
+# (most GPUs outside the A100/H100 class, by their makers' figures).
+WIDE_SLOWER = 2.0
+_TRIAL_SIDE = 1024  # the timed product is square, about a sixteenth of a bulk site's at chi 1000
 # The copies one such product makes of its operands and result stay under this
 # many bytes, which the plan reserves (`Backend.product_slack`); the product's
 # smallest dimension is at least _COPY_DIM, so the copies are small against
@@ -373,12 +381,13 @@ class TorchBackend(Backend):
         index names a simulated rank).
     products : {"single", "double"}, optional
         How large single-precision products run. ``"double"`` (the default
-        on a GPU, `GPU_PRODUCTS`): a complex64 product is computed in complex128 and rounded
-        once; on an H200 ZGEMM, on the FP64 tensor cores, outruns CGEMM on
-        the FP32 units, so the sweep is no slower and its error against the
-        exact product falls about tenfold (benches/README.md). ``"single"`` (the default elsewhere):
-        as they are. The rule depends on the shapes alone, so every budget
-        still runs the same arithmetic.
+        on a GPU whose double precision is fast, `wide_pays`, or as
+        `GPU_PRODUCTS` sets): a complex64 product is computed in complex128
+        and rounded once; on an H200 ZGEMM, on the FP64 tensor cores, outruns
+        CGEMM on the FP32 units, so the sweep is no slower and its error
+        against the exact product falls about tenfold (benches/README.md).
+        ``"single"`` (the default elsewhere): as they are. The rule depends
+        on the shapes alone, so every budget still runs the same arithmetic.
     """
 
     name = "torch"
@@ -386,7 +395,8 @@ class TorchBackend(Backend):
     def __init__(self, device: Device, *, products: str | None = None) -> None:
         import torch  # a device library, loaded only for this backend
 
-        products = products or (GPU_PRODUCTS if device.is_cuda else "single")
+        default, self._wide_gram = precision(device)
+        products = products or default
         if products not in PRODUCTS:
             raise ValueError(f"products={products!r}: give one of {', '.join(PRODUCTS)}")
         self._torch = torch
@@ -559,7 +569,12 @@ class TorchBackend(Backend):
         if x.shape[0] < x.shape[1]:  # the Gram matrix would be singular
             q, r = self.qr(x)
             return q, r, None
-        return cholesky_qr2(x, with_r=with_r)
+        return cholesky_qr2(x, with_r=with_r, wide=self._wide_gram)
+
+    @property
+    def products(self) -> tuple[str, bool]:
+        """How single-precision work runs here: `products`, and whether Gram matrices are double."""
+        return self._products, self._wide_gram
 
     def svd(self, x: Any) -> tuple[Any, np.ndarray, Any]:
         torch = self._torch
@@ -597,3 +612,49 @@ class TorchBackend(Backend):
         if not self.device.is_cuda:
             return None
         return int(self._torch.cuda.max_memory_allocated(self._dev))
+
+
+def precision(device: Device) -> tuple[str, bool]:
+    """A device's default `products`, and whether CholeskyQR2 forms Gram matrices in double.
+
+    Double where it runs fast: on a CPU the Gram matrices (small against the
+    site's products) but not the products; on a GPU both, where `wide_pays`
+    (or as `GPU_PRODUCTS` sets the products); elsewhere neither, with more
+    sketches falling back to Householder QR (`cholqr`).
+    """
+    if not device.is_cuda:
+        return "single", True
+    fast = wide_pays(device.index)
+    return GPU_PRODUCTS or ("double" if fast else "single"), fast
+
+
+@cache
+def wide_pays(index: int) -> bool:
+    """Whether complex64 products in complex128 cost at most `WIDE_SLOWER` times on GPU `index`.
+
+    Timed once per process and GPU: the best of five of each, a square
+    complex64 product against the same widened, multiplied and narrowed.
+    """
+    import torch
+
+    device = torch.device("cuda", index)
+    g = torch.Generator(device=device).manual_seed(0)
+    side = (_TRIAL_SIDE, _TRIAL_SIDE)
+    a, b = (torch.randn(side, dtype=torch.complex64, device=device, generator=g) for _ in "ab")
+
+    def best(product: Callable[[], Any]) -> float:
+        product()  # the library's first call (its handles, its workspace)
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            product()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return min(times)
+
+    with torch.cuda.device(device):
+        plain = best(lambda: a @ b)
+        wide = best(lambda: (a.to(torch.complex128) @ b.to(torch.complex128)).to(torch.complex64))
+    return wide <= WIDE_SLOWER * plain

@@ -18,7 +18,10 @@ Tomov and Dongarra, *Mixed-precision Cholesky QR factorization*, SISC 37,
 2015): on the H200 ZGEMM runs as fast as CGEMM, and the double Gram matrix
 takes CholeskyQR2 from ``kappa <~ 3e3`` to ``kappa <~ 7e7``, past the point
 where a single-precision sketch is numerically rank deficient anyway. Double
-sketches have no wider type on a GPU: ``kappa <~ 1e7``.
+sketches have no wider type on a GPU: ``kappa <~ 1e7``. On a GPU whose double
+precision runs at a small fraction of its single (`backend.wide_pays`), a
+single sketch is factored in single (``wide=False``): ``kappa <~ 3e3``, and
+the sketches beyond fall back to Householder QR.
 
 The second pass. ``E = Q1^H Q1 - I`` measures how far the first pass left
 ``Q1`` from orthonormal (``u kappa^2``, with ``u`` the unit roundoff of the
@@ -73,7 +76,7 @@ def _cholesky_qr(y: Any, gram: Any) -> tuple[Any, Any, Any]:
     return q, r, info
 
 
-def cholesky_qr2(x: Any, *, with_r: bool) -> tuple[Any, Any | None, Any]:
+def cholesky_qr2(x: Any, *, with_r: bool, wide: bool = True) -> tuple[Any, Any | None, Any]:
     """Thin QR of a tall matrix ``x`` (rows >= columns) by CholeskyQR2.
 
     Parameters
@@ -82,6 +85,10 @@ def cholesky_qr2(x: Any, *, with_r: bool) -> tuple[Any, Any | None, Any]:
         ``(m, n)`` with ``m >= n``, float32, float64, complex64 or complex128.
     with_r : bool
         Whether to form ``R`` (one more small GEMM).
+    wide : bool
+        Whether a single-precision ``x`` is factored in double (the default;
+        False on a GPU whose double-precision products are slow: then in its
+        own precision, where more sketches fall back to Householder).
 
     Returns
     -------
@@ -95,9 +102,9 @@ def cholesky_qr2(x: Any, *, with_r: bool) -> tuple[Any, Any | None, Any]:
     import torch
 
     assert x.shape[0] >= x.shape[1], x.shape
-    wide = x.to(_wider(x.dtype))  # a copy only in single precision
-    q1, r1, info1 = _cholesky_qr(wide, wide.mH @ wide)
-    del wide
+    y = x.to(_wider(x.dtype)) if wide else x  # a copy only in single precision
+    q1, r1, info1 = _cholesky_qr(y, y.mH @ y)
+    del y
     gram = q1.mH @ q1
     gram.diagonal().sub_(1)  # E = Q1^H Q1 - I
     slack = torch.linalg.matrix_norm(gram)  # Frobenius; NaN where anything went non-finite

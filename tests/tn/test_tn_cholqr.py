@@ -181,3 +181,18 @@ def test_ill_conditioned_sketches_match_householder(caplog, dtype):
     target = dense_stack(stack)
     e_torch, e_numpy = rel_error(torch_out, target), rel_error(numpy_out, target)
     assert abs(e_torch - e_numpy) <= 1e-3 * e_numpy + 1e-12
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64], ids=ids)
+def test_single_sketches_in_their_own_precision_factor_the_well_conditioned_and_fail_the_rest(
+    dtype,
+):
+    """``wide=False`` (a GPU whose double precision is slow): orthonormal to single's rounding
+    where ``kappa <~ 3e3``; beyond, the check fails and the caller falls back to Householder."""
+    y = _conditioned(300, 80, 10.0, dtype)
+    q, r, failed = cholesky_qr2(y, with_r=True, wide=False)
+    assert not failed
+    _check_qr(y, q, r, dtype)
+    _q, _r, failed = cholesky_qr2(_conditioned(300, 80, 1e6, dtype), with_r=False, wide=False)
+    assert failed  # factored in double, the same sketch passes
+    assert not cholesky_qr2(_conditioned(300, 80, 1e6, dtype), with_r=False)[2]

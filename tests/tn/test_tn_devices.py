@@ -264,3 +264,26 @@ def test_gpu_refuses_a_non_finite_site_with_the_cpu_error(bad, site):
         src(*stack, chi_out=6, seed=0, device="gpu")  # checked by a sum on the device
     assert str(on_gpu.value) == str(on_cpu.value)
     assert f"(train 1, site {site}) holds 1 NaN or infinite value(s)" in str(on_gpu.value)
+
+
+def test_a_gpus_precision_follows_how_fast_its_double_precision_runs(monkeypatch):
+    gpu, fast = Device("cuda", 0), {}
+    monkeypatch.setattr(backend_module, "wide_pays", lambda index: fast[index])
+    fast[0] = True  # an H200: ZGEMM on the FP64 tensor cores, as fast as CGEMM
+    assert backend_module.precision(gpu) == ("double", True)
+    fast[0] = False  # FP64 at a small fraction of FP32: neither products nor Gram matrices
+    assert backend_module.precision(gpu) == ("single", False)
+    monkeypatch.setattr(backend_module, "GPU_PRODUCTS", "double")  # set: the products only
+    assert backend_module.precision(gpu) == ("double", False)
+    # the host never times anything: single products, double Gram matrices
+    monkeypatch.setattr(backend_module, "wide_pays", lambda index: pytest.fail("timed"))
+    assert backend_module.precision(Device("cpu", 0)) == ("single", True)
+
+
+@pytest.mark.gpu
+@cuda
+def test_this_gpu_runs_complex64_products_in_double_no_slower_than_twice():
+    """The GPUs the benchmarks ran on (H100, H200) keep the double products."""
+    backend_module.wide_pays.cache_clear()
+    assert backend_module.wide_pays(0), torch.cuda.get_device_name(0)
+    assert TorchBackend(Device("cuda", 0)).products == ("double", True)

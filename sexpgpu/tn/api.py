@@ -99,9 +99,7 @@ def run_stack(call: StackCall) -> Any:
         sketch = sketch_dtype(options.dtype, stack.dtype, fn)
         work = work_dtype(sketch, stack.dtype)
         # What every node must agree on; one node has no one to agree with.
-        problem = _problem(fn, stack, chi, size, cut, work, out) if link.nodes > 1 else {}
-        if problem:  # the GPUs' precision choices (`TorchBackend.products`) too
-            problem["gpu products"] = sorted({str(getattr(xp, "products", "")) for xp in backends})
+        problem = _problem(fn, stack, chi, size, cut, work, out, backends) if link.nodes > 1 else {}
         seed = shared_seed(link, fn, seed, problem)
         shared_products(link)
         if stack.n_sites < MIN_SWEEP_SITES:
@@ -143,7 +141,14 @@ def run_stack(call: StackCall) -> Any:
 
 
 def _problem(
-    fn: str, stack: Stack, chi: int, size: int, cut: float, work: np.dtype, out: object
+    fn: str,
+    stack: Stack,
+    chi: int,
+    size: int,
+    cut: float,
+    work: np.dtype,
+    out: object,
+    backends: Sequence[Any],
 ) -> dict[str, object]:
     """The facts of one call that every node must share (`nodes.shared_seed`)."""
     return {
@@ -155,6 +160,8 @@ def _problem(
         "cutoff": cut,
         "dtype": str(work),
         "out": out is not None,
+        # the GPUs' precision choices (`TorchBackend.products`)
+        "gpu products": sorted({str(getattr(xp, "products", "")) for xp in backends}),
     }
 
 

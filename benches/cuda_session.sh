@@ -6,9 +6,11 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/sexpgpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then  # pure-Python test dependencies the machine may lack
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+if [ -d .whl ]; then  # test dependencies the machine may lack, as wheels carried in .whl/
+  # by name, so pip takes the wheel of this machine's Python where several are carried
+  names=$(ls .whl/*.whl | sed 's#.*/##; s/-.*//' | sort -u)
+  python3 -m pip install -q --no-index --find-links .whl --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site $names && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 parts=${*:-tests smoke bench tn}
@@ -66,7 +68,7 @@ for part in $parts; do
         > "$OUT/dp_node$r.log" 2>&1 &
     done
     wait
-    tail -3 "$OUT/dp_node0.log" "$OUT/dp_node1.log"
+    tail -n 3 "$OUT/dp_node0.log" "$OUT/dp_node1.log"
     python3 benches/compare_runs.py /tmp/dp-plain /tmp/dp-one --rtol 0 2>&1 | tee "$OUT/dp_compare.log"
     python3 benches/compare_runs.py /tmp/dp-plain /tmp/dp-node0 --rtol 1e-5 2>&1 | tee -a "$OUT/dp_compare.log"
     grep -h '"train/loss"' /tmp/dp-plain/metrics.jsonl | head -5 ;;

@@ -165,3 +165,37 @@ def test_compress_network_on_the_gpu_takes_cuda_tensors():
     host.apply_to_arrays(lambda t: t.cpu().numpy())
     want = qtn.MatrixProductState(src(op.arrays, psi.arrays, chi_out=4, seed=0))
     assert abs(abs(host.H @ want) / abs(want.H @ want) - 1) < 1e-8
+
+
+@pytest.mark.gpu
+def test_cupy_trains_run_on_the_gpu_and_quimb_keeps_cupy_arrays():
+    cupy = pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    psi, op = _mps(), _mpo()
+    cores = apply(op.arrays, psi.arrays, 4, seed=0)  # the host's list path
+    want = qtn.MatrixProductState(cores)
+
+    def same_state(arrays):  # the GPU's QR may differ in the signs of its columns
+        got = qtn.MatrixProductState(
+            [cupy.asnumpy(a) if isinstance(a, cupy.ndarray) else a for a in arrays]
+        )
+        assert abs(abs(got.H @ want) / abs(want.H @ want) - 1) < 1e-8
+
+    # a plain list holding CuPy arrays: device None runs on the GPU, the result is NumPy
+    listed = apply([cupy.asarray(a) for a in op.arrays], psi.arrays, 4, seed=0)
+    assert all(isinstance(a, np.ndarray) for a in listed)
+    same_state(listed)
+    # on the CPU each CuPy site is brought to the host as the sweep reads it: the same bits
+    host = apply([cupy.asarray(a) for a in op.arrays], psi.arrays, 4, seed=0, device="cpu")
+    for got, ref in zip(host, cores, strict=True):
+        np.testing.assert_array_equal(got, ref)
+    # quimb objects holding CuPy arrays come back holding CuPy arrays, names kept
+    psi_gpu, op_gpu = psi.copy(), op.copy()
+    psi_gpu.apply_to_arrays(cupy.asarray)
+    op_gpu.apply_to_arrays(cupy.asarray)
+    result = apply(op_gpu, psi_gpu, 4, seed=0)
+    assert isinstance(result, qtn.MatrixProductState)
+    assert all(isinstance(a, cupy.ndarray) for a in result.arrays)
+    assert (result.site_ind_id, result.site_tag_id) == (psi.site_ind_id, psi.site_tag_id)
+    same_state(result.arrays)

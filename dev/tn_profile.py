@@ -28,8 +28,10 @@ Eight parts, each printed as it is measured:
 8. ``cpu``: on the host, no GPU needed: one case of ``benches/tn_cpu.py``
    whose name holds ``--cpu-case``, warm, timed call by call: each product,
    QR and copy of the NumPy backend by its caller and shapes, their share of
-   the sweep, and the rest (Python, reads, sketch draws). Run it with
-   ``OPENBLAS_NUM_THREADS=1`` as the benchmark's ``--threads 1`` does.
+   the sweep, and the rest (Python, reads, sketch draws); then its floor:
+   the same products and QRs replayed one by one at their best of 7, beside
+   a third of src-method's time. Run it with ``OPENBLAS_NUM_THREADS=1`` as
+   the benchmark's ``--threads 1`` does.
 
     python3 dev/tn_profile.py [--chi 1000] [--parts pieces profile variants qr busy uploads thin cpu]
 """
@@ -486,6 +488,54 @@ def cpu(case: str) -> None:
     print(f"## cpu: {name}: {total * 1e3:.2f} ms, {timed_total / total:.0%} in the calls below")
     for (method, caller, shapes), (n, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:20]:
         print(f"{t * 1e3:8.2f} ms {t / total:5.1%} {n:4d}x {method:16s} <{caller:22s} {shapes}")
+    cpu_floor(run, lambda seed: src_method.src(*arrays, chi_out=chi, seed=seed), real)
+
+
+def cpu_floor(run, peer, real: dict) -> None:
+    """The sweep's products and QRs, each replayed alone at its best of 7 (warm caches).
+
+    Their sum is what the sweep would take if nothing else ran and every call
+    ran at this core's best rate for its shape: a floor under the sweep's
+    time, set beside a third of src-method's (the issue's 3x), medians of 5.
+    """
+    kept: list[tuple[str, object, tuple]] = []
+    xp = backend.NumpyBackend()
+
+    def keeping(method, fn):
+        def wrapper(self, *args, **kwargs):
+            kept.append((method, lambda a=args, k=kwargs: fn(xp, *a, **k), args))
+            return fn(self, *args, **kwargs)
+
+        return wrapper
+
+    replayed = ("dot", "matmul", "matmul_broadcast", "gemm_qr")
+    for method in replayed:
+        setattr(backend.NumpyBackend, method, keeping(method, real[method]))
+    try:
+        run()
+    finally:
+        for method in replayed:
+            setattr(backend.NumpyBackend, method, real[method])
+    floor: dict[str, float] = collections.defaultdict(float)
+    for method, call, _args in kept:
+        call()
+        floor[method] += min(_seconds(call) for _ in range(7))
+    ours = float(np.median([_seconds(run) for _ in range(5)]))
+    theirs = float(np.median([_seconds(lambda s=s: peer(s)) for s in range(5)]))
+    parts = ", ".join(f"{m} {t * 1e3:.1f}" for m, t in floor.items())
+    total = sum(floor.values())
+    print(
+        f"## floor: products and QRs at their best {total * 1e3:.1f} ms ({parts}); the sweep "
+        f"{ours * 1e3:.1f} ms ({total / ours:.0%} of it); src-method {theirs * 1e3:.1f} ms, "
+        f"a third of it {theirs / 3 * 1e3:.1f} ms",
+        flush=True,
+    )
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def main() -> None:

@@ -96,6 +96,9 @@ def run_stack(call: StackCall) -> Any:
     # others stop at once instead of waiting for it.
     with open_nodes(fn, config) as link:
         stack: Stack = normalize_stack(opened.trains, fn, call.names)
+        # No cut has more rank than its bound, so wider sketches span nothing
+        # more: chi_out=10**9 asks for no truncation, not for a 10**9-wide sketch.
+        size = min(size, max(stack.cut_ranks, default=size))
         sketch = sketch_dtype(options.dtype, stack.dtype, fn)
         work = work_dtype(sketch, stack.dtype)
         # What every node must agree on; one node has no one to agree with.
@@ -218,12 +221,15 @@ def src(
         pass. A quimb ``MatrixProductState`` or ``MatrixProductOperator`` is
         read by its index names.
     chi_out : int
-        The largest bond dimension of the result.
+        The largest bond dimension of the result. Above the product's rank
+        at every cut (bounded by its bonds and physical legs) it truncates
+        nothing and costs no more than that rank.
     cutoff : float, default 0.0
         Drop singular values below ``cutoff * sigma_max``: in the sketch's basis,
         or in the final SVD pass when oversampling. Must lie in ``[0, 1)``.
     oversample : float or None, default 1.0
-        Sketch size ``ceil(oversample * chi_out)``, finite and at least 1;
+        Sketch size ``ceil(oversample * chi_out)`` (at most the largest rank a
+        cut can have), finite and at least 1;
         ``None`` is the paper's ``max(ceil(1.5 chi_out), chi_out + 10)``. A
         sketch bigger than ``chi_out`` is followed by an exact SVD truncation
         to ``chi_out``.

@@ -10,7 +10,7 @@ import quimb.tensor as qtn
 import src_method
 import torch
 from quimb.tensor.tnag.core import tensor_network_apply_op_vec
-from tn_helpers import random_mpo, random_mps
+from tn_helpers import dense_stack, random_mpo, random_mps, rel_error
 
 from sexpgpu.tn import Resources, apply, compress, src
 from sexpgpu.tn.resources import parse_bytes
@@ -335,3 +335,16 @@ def test_finite_sites_whose_sum_overflows_are_accepted():
     big = np.full((4, 2), 1e308)  # the quick check's sum overflows; every entry is finite
     layer = Layer([big, np.ones((4, 4, 2)), np.ones((4, 2))], "mps")
     assert np.array_equal(layer.read(0)[0, :, :, 0], big)
+
+
+def test_a_chi_out_above_every_cut_rank_is_exact_and_costs_the_ranks():
+    # quimb users ask for "no truncation" with a huge bond; the sketch is capped
+    # at the largest rank a cut can have (here 48: the bonds 16 and 3 crossing it)
+    rng = np.random.default_rng(3)
+    psi, op = random_mps(12, 16, rng), random_mpo(12, 3, rng)
+    exact = dense_stack([op, psi])
+    for chi_out in (10**9, 2**62):
+        cores = apply(op, psi, chi_out, seed=1)
+        assert rel_error(cores, exact) < 1e-12
+        for got, want in zip(cores, apply(op, psi, 48, seed=1), strict=True):
+            np.testing.assert_array_equal(got, want)  # the same sketch: 48 columns

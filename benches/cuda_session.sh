@@ -6,12 +6,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/sexpgpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then  # test dependencies the machine may lack, as wheels carried in .whl/
-  # by name, so pip takes the wheel of this machine's Python where several are carried
-  names=$(ls .whl/*.whl | sed 's#.*/##; s/-.*//' | sort -u)
-  python3 -m pip install -q --no-index --find-links .whl --no-deps --no-compile --no-cache-dir \
-    --upgrade --target /tmp/site $names && export PYTHONPATH=/tmp/site
-fi
+. benches/wheels.sh  # carried test dependencies
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 parts=${*:-tests smoke bench tn}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

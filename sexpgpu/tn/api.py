@@ -27,7 +27,7 @@ from .args import (
 from .engine import backends_for, execute
 from .exact import exact_two_sites
 from .interop import open_trains, quimb_kind
-from .nodes import node_config, open_nodes, problem_key, shared_products, shared_seed
+from .nodes import agree_on_call, node_config, open_nodes, problem_key
 from .resources import Resources
 from .sink import DatasetSink, check_out
 from .sketch import SketchSource, sketch_dtype, work_dtype
@@ -103,8 +103,7 @@ def run_stack(call: StackCall) -> Any:
         work = work_dtype(sketch, stack.dtype)
         # What every node must agree on; one node has no one to agree with.
         problem = _problem(fn, stack, chi, size, cut, work, out, backends) if link.nodes > 1 else {}
-        seed = shared_seed(link, fn, seed, problem)
-        shared_products(link)
+        seed = agree_on_call(link, fn, seed, problem)
         if stack.n_sites < MIN_SWEEP_SITES:
             # every node computes it; with ``out`` node 0 writes it
             writes = out is not None and link.node_rank == 0
@@ -153,7 +152,7 @@ def _problem(
     out: object,
     backends: Sequence[Any],
 ) -> dict[str, object]:
-    """The facts of one call that every node must share (`nodes.shared_seed`)."""
+    """The facts of one call that every node must share (`nodes.agree_on_call`)."""
     return {
         "function": fn,
         "trains": problem_key({"shapes": [stack.shapes(j) for j in range(stack.n_sites)]}),

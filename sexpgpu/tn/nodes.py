@@ -50,11 +50,10 @@ __all__ = [
     "NodeContext",
     "NodeWire",
     "agree",
+    "agree_on_call",
     "node_config",
     "open_nodes",
     "problem_key",
-    "shared_products",
-    "shared_seed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,6 +109,10 @@ def problem_key(parts: Mapping[str, object]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+# What node 0 gives every node, where the rest of a post must agree.
+_FROM_NODE0 = ("entropy", "host products")
+
+
 def agree(link: NodeLink, fn: str, problem: Mapping[str, object]) -> list[dict]:
     """Every node's ``problem``; a node whose differs from node 0's is E-DP-006."""
     if link.nodes == 1:
@@ -118,7 +121,7 @@ def agree(link: NodeLink, fn: str, problem: Mapping[str, object]) -> list[dict]:
     first = posts[0]
     for node, other in enumerate(posts[1:], start=1):
         for key in sorted(first.keys() | other.keys()):
-            if key != "entropy" and first.get(key) != other.get(key):
+            if key not in _FROM_NODE0 and first.get(key) != other.get(key):
                 raise SexpgpuError(
                     "E-DP-006",
                     f"{fn}: node {node} differs from node 0 in {key}: {other.get(key)!r} on "
@@ -130,23 +133,22 @@ def agree(link: NodeLink, fn: str, problem: Mapping[str, object]) -> list[dict]:
     return posts
 
 
-def shared_seed(link: NodeLink, fn: str, seed: object, problem: Mapping[str, object]) -> object:
+def agree_on_call(link: NodeLink, fn: str, seed: object, problem: Mapping[str, object]) -> object:
     """Check that every node has the same problem and seed; the seed they all use.
 
-    ``seed=None`` draws fresh entropy on node 0, which every node then uses.
+    In the same exchange every node takes node 0's host products
+    (`gemm3m.choices`, timed per process), so a sweep over nodes gives one
+    process's bits; and ``seed=None`` draws fresh entropy on node 0, which
+    every node then uses.
     """
     if link.nodes == 1:
         return seed
     state = None if seed is None else np.random.default_rng(seed).bit_generator.state  # type: ignore[arg-type]
     entropy = int(np.random.SeedSequence().entropy) if seed is None else None  # type: ignore[arg-type]
-    posts = agree(link, fn, {**problem, "seed": state, "entropy": entropy})
+    post = {**problem, "seed": state, "entropy": entropy, "host products": gemm3m.choices()}
+    posts = agree(link, fn, post)
+    gemm3m.pin(posts[0]["host products"])
     return posts[0]["entropy"] if seed is None else seed
-
-
-def shared_products(link: NodeLink) -> None:
-    """Every node takes node 0's host products (`gemm3m.choices`): the same bits as one process."""
-    if link.nodes > 1:
-        gemm3m.pin(link.allgather(gemm3m.choices())[0])
 
 
 # --- the payloads ------------------------------------------------------------

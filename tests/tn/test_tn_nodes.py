@@ -118,19 +118,19 @@ def test_node_settings_from_resources_win_over_the_variables():
 def test_every_node_takes_node_0s_host_products(monkeypatch):
     """Whether the 3M GEMM pays is timed per process; the nodes of one sweep take node 0's."""
     from sexpgpu.tn import gemm3m
-    from sexpgpu.tn.nodes import shared_products
+    from sexpgpu.tn.nodes import agree_on_call
 
     class TwoNodes:
         nodes = 2
 
-        def allgather(self, mine):
-            return [{"D": True, "F": False}, mine]  # node 0's choice, then this node's
+        def allgather(self, mine):  # node 0's post, with its choice, then this node's
+            return [{**mine, "host products": {"D": True, "F": False}}, mine]
 
     monkeypatch.setattr(gemm3m, "_pinned", {})
     monkeypatch.setenv(gemm3m.ENV, "0")  # this node alone would take the plain product
     gemm3m._decided.cache_clear()
     try:
-        shared_products(TwoNodes())
+        agree_on_call(TwoNodes(), "src", 0, {})
     finally:
         gemm3m._decided.cache_clear()  # later tests time this machine again
     assert gemm3m._pinned == {"D": True, "F": False}

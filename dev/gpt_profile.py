@@ -1,6 +1,6 @@
 """Where a cuda training step of GPT-2 small (or a Llama) spends its time (torch.profiler).
 
-    python3 dev/gpt_profile.py [--model gpt|llama124m] [--batch 16] [--microbatches 1]
+    python3 dev/gpt_profile.py [--model gpt|llama124m|tinyllama] [--batch 16] [--microbatches 1]
                                [--side sexpgpu|reduce-overhead|default|eager]
                                [--inductor KEY=VALUE ...] [--gelu-apart [backward]]
                                [--casts] [--sums-apart] [--run-loop]
@@ -10,8 +10,8 @@ Prints the step's wall time, the GPU time by kind (matmul, attention, fused
 Triton kernels, other), what is left of the wall time (launch gaps, host),
 and the kernels that took longest. `--side` profiles the peer of
 benches/gpt2_cuda.py (the same model in PyTorch) instead. `--model llama124m`
-profiles benches/llama_cuda.py's 124M Llama and its peer instead of GPT-2
-small. `--inductor` sets
+(or `tinyllama`) profiles benches/llama_cuda.py's 124M Llama (or its TinyLlama
+shape) and its peer instead of GPT-2 small. `--inductor` sets
 Inductor options (``combo_kernels=True``) for both sides' compiles, to try
 them. `--gelu-apart` keeps gelu and its gradient out of the products
 (no `gelu_into_products` rewrite), to measure what it gives;
@@ -59,7 +59,7 @@ parser.add_argument(
     "--microbatches", type=int, default=1, help="a step's (stacking may run them in one call)"
 )
 parser.add_argument("--side", default="sexpgpu")
-parser.add_argument("--model", default="gpt", choices=["gpt", "llama124m"])
+parser.add_argument("--model", default="gpt", choices=["gpt", "llama124m", "tinyllama"])
 parser.add_argument("--inductor", nargs="*", default=[], metavar="KEY=VALUE")
 parser.add_argument("--gelu-apart", nargs="?", const="all", choices=["all", "backward"])
 parser.add_argument("--casts", action="store_true")
@@ -154,12 +154,12 @@ def memsets_by_op(p) -> None:
 if args.model == "gpt":
     shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
     template = GPT
-else:  # benches/llama_cuda.py's 124m shape
-    shape = dict(zip(KEYS, SHAPES["124m"], strict=False))
+else:  # one of benches/llama_cuda.py's shapes
+    shape = dict(zip(KEYS, SHAPES[args.model.removeprefix("llama")], strict=False))
     template = LLAMA
 rng = np.random.default_rng(0)
 micro = args.microbatches
-t = rng.integers(0, 256, (args.batch * micro, 1025)).astype(np.int32)
+t = rng.integers(0, 256, (args.batch * micro, shape["seq"] + 1)).astype(np.int32)
 rows = args.batch * micro
 
 
@@ -254,7 +254,7 @@ def clock(fn, reps: int = 10) -> float:
 
 
 wall = clock(step)
-print(f"step {wall:.1f} ms, {rows * 1024 / wall * 1e3:,.0f} tokens/s")
+print(f"step {wall:.1f} ms, {rows * shape['seq'] / wall * 1e3:,.0f} tokens/s")
 peak = torch.cuda.max_memory_allocated() / 2**30
 planned = f" (plan {memory_plan.memory.total / 2**30:.2f} GiB)" if args.side == "sexpgpu" else ""
 print(f"peak {peak:.2f} GiB{planned}")

@@ -1,0 +1,207 @@
+"""A training step's floor on this device: each product and attention call alone, at its best.
+
+    python3 dev/step_floor.py FILE.lisp [--variant V] [--reps 20]
+    python3 dev/step_floor.py --bench tinyllama|124m|gpt2 --batch B [--peer-ms MS]
+
+Compiles the run's training graph (the IR every device receives, one call
+of the whole batch), groups its products (``matmul``) by operand shapes and
+its attention calls (``attention``, ``attention-grad``) by shape, and times
+each group's call alone on the device, warm, back to back: the best of
+`--reps`. A product is timed in each layout cuBLAS takes without a copy (as
+stored, either operand transposed, both) and the fastest counts; attention
+runs through the cuda device's own fused kernels (its backend, as a run
+picks it). The update is counted as AdamW's least traffic (read the
+parameter, its gradient and both moments in f32, write the parameter and
+the moments: 28 bytes a parameter) at the device's copy rate.
+
+What is left out is everything else the step does (norms, activations,
+residuals, the loss, casts) and the gaps between kernels, so the sum is a
+floor: no schedule of these calls runs faster on this device. With
+`--peer-ms` (a peer's measured step) it also prints the step a ratio over
+the peer allows (`--ratio`, 1.15 by default) beside the floor.
+
+`--bench` builds the benchmarks' own files (benches/gpt2_cuda.py's GPT-2
+small, benches/llama_cuda.py's shapes) at batch `--batch`, one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
+
+from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
+from sexpgpu.devices.cuda.lowering import torch_dtype
+from sexpgpu.ir.compile import compile_run
+from sexpgpu.ir.ops import Op
+from sexpgpu.lang import load_experiment
+
+ADAMW_BYTES = 28  # a parameter's least traffic in AdamW's update (f32 throughout)
+
+
+def bench_file(bench: str, batch: int, folder: Path) -> Path:
+    """One of the benchmarks' experiments at `batch` rows, as a file in `folder`."""
+    from gpt2_cuda import GPT
+    from llama_cuda import KEYS, LLAMA, SHAPES
+
+    if bench == "gpt2":
+        shape, template = {"layers": 12, "width": 768, "heads": 12, "seq": 1024}, GPT
+        shape["vocab"] = 50304
+    else:
+        shape, template = dict(zip(KEYS, SHAPES[bench], strict=False)), LLAMA
+    path = folder / f"{bench}.lisp"
+    path.write_text(template.format(**shape, batch=batch, microbatches=1, steps=1, dtype="bf16"))
+    return path
+
+
+def best_ms(fn, reps: int) -> float:
+    """The fastest of `reps` calls of `fn`, in milliseconds, after three to warm up."""
+    cuda = torch.cuda.is_available()
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e3)
+    return min(times)
+
+
+def _stored(shape: tuple[int, ...], transposed: bool, dtype, device) -> torch.Tensor:
+    """A tensor of `shape`, stored as is or as the transpose of its last two axes."""
+    if not transposed:
+        return torch.randn(shape, dtype=dtype, device=device)
+    flipped = (*shape[:-2], shape[-1], shape[-2])
+    return torch.randn(flipped, dtype=dtype, device=device).transpose(-1, -2)
+
+
+def product_ms(a: tuple, b: tuple, dtype, device, reps: int) -> tuple[float, str]:
+    """A product's best time over the four layouts, and the layout (``NN``, ``TN``, ...)."""
+    if len(b) == 2 and len(a) > 2:  # a weight: the rows fold into one axis, as the device runs it
+        a = (math.prod(a[:-1]), a[-1])
+    best = (math.inf, "")
+    for ta in (False, True):
+        for tb in (False, True):
+            x, y = _stored(a, ta, dtype, device), _stored(b, tb, dtype, device)
+            ms = best_ms(lambda x=x, y=y: torch.matmul(x, y), reps)
+            best = min(best, (ms, "TN"[ta] + "TN"[tb]))
+            del x, y
+    return best
+
+
+def attention_ms(node, dtype, device, reps: int) -> float:
+    """The fused attention call's (or its gradient's) best time, on the device's backend."""
+    shape, causal, scale = node.inputs[0].shape, node.attrs["causal"], node.attrs["scale"]
+    backend = select_sdpa_backend(device, dtype)
+    q, k, v = (torch.randn(shape, dtype=dtype, device=device) for _ in range(3))
+    if node.op is Op.ATTENTION:
+        return best_ms(lambda: sdpa_forward(q, k, v, causal, scale, backend), reps)
+    g = torch.randn(shape, dtype=dtype, device=device)
+    _, aux = sdpa_forward(q, k, v, causal, scale, backend)
+    return best_ms(lambda: sdpa_backward(g, q, k, v, causal, scale, aux, backend), reps)
+
+
+def copy_rate(device, reps: int) -> float:
+    """Bytes a second one large copy moves (read plus write)."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = best_ms(lambda: dst.copy_(src), reps)
+    return 2 * src.numel() * 4 / (ms / 1e3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", nargs="?")
+    parser.add_argument("--variant")
+    parser.add_argument("--bench", choices=["gpt2", "124m", "tinyllama", "smoke"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--peer-ms", type=float, help="a peer's measured step, milliseconds")
+    parser.add_argument("--ratio", type=float, default=1.15)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    if (args.file is None) == (args.bench is None):
+        parser.error("give a FILE or --bench")
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(args.file) if args.file else bench_file(args.bench, args.batch, Path(folder))
+        experiment = load_experiment(path, variant=args.variant)
+        run = experiment.run(None)
+        compiled = compile_run(experiment, run)
+    nodes = compiled.train_graph.nodes()
+    products = Counter(
+        (n.inputs[0].shape, n.inputs[1].shape, n.dtype) for n in nodes if n.op is Op.MATMUL
+    )
+    attention = Counter(
+        (n.op, n.inputs[0].shape, n.dtype)
+        for n in nodes
+        if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)
+    )
+    examples = {
+        (n.op, n.inputs[0].shape, n.dtype): n
+        for n in nodes
+        if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)
+    }
+    print(f"{path.name}: {len(nodes)} nodes, {sum(products.values())} products, device {device}")
+    rows, total, flops_total = [], 0.0, 0
+    for (a, b, dtype), count in products.items():
+        ms, layout = product_ms(a, b, torch_dtype(dtype), device, args.reps)
+        flops = 2 * math.prod((*a[:-1], b[-1])) * a[-1]
+        name = f"matmul {list(a)} by {list(b)} {dtype}"
+        rows.append((count * ms, name, count, ms, flops, layout))
+    for key, count in attention.items():
+        op, shape, dtype = key
+        ms = attention_ms(examples[key], torch_dtype(dtype), device, args.reps)
+        flops = (4 if op is Op.ATTENTION else 8) * math.prod(shape) * shape[-2]
+        name = "attention" if op is Op.ATTENTION else "attention-grad"
+        rows.append((count * ms, f"{name} {list(shape)} {dtype}", count, ms, flops, ""))
+    print(f"{'call':60s} {'count':>5s} {'ms each':>9s} {'TFLOP/s':>8s} {'ms in all':>10s}")
+    for all_ms, name, count, ms, flops, layout in sorted(rows, reverse=True):
+        total += all_ms
+        flops_total += count * flops
+        rate = flops / (ms / 1e3) / 1e12
+        print(f"{name[:56]:56s} {layout:3s} {count:5d} {ms:9.3f} {rate:8.1f} {all_ms:10.2f}")
+    params = sum(math.prod(p.shape) for p in compiled.train_graph.params.values())
+    rate = copy_rate(device, args.reps)
+    update = params * ADAMW_BYTES / rate * 1e3
+    print(f"products and attention: {total:.2f} ms ({flops_total / total / 1e9:.1f} TFLOP/s)")
+    print(
+        f"the update's least traffic: {params:,} parameters x {ADAMW_BYTES} bytes at the copy "
+        f"rate {rate / 1e12:.2f} TB/s: {update:.2f} ms"
+    )
+    floor = total + update
+    print(f"floor: {floor:.2f} ms a step, {run.batch * _seq(compiled) / floor * 1e3:,.0f} tokens/s")
+    if args.peer_ms:
+        allowed = args.peer_ms / args.ratio
+        print(
+            f"{args.ratio}x a peer's {args.peer_ms:.2f} ms allows {allowed:.2f} ms: "
+            f"{allowed - floor:.2f} ms for everything else"
+        )
+
+
+def _seq(compiled) -> int:
+    """Tokens a row: the second axis of the first integer input (1 where there is none)."""
+    for shape, dtype in compiled.inputs.values():
+        if dtype.startswith("int") and len(shape) > 1:
+            return shape[1]
+    return 1
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,7 @@
 # target, and a call holds three sides). Run from the repository root, a part a call:
 #   bash benches/llama_session.sh tests smoke ; bash benches/llama_session.sh bench124 ;
 #   bash benches/llama_session.sh benchtiny          (SIDES="..." picks the sides)
+#   bash benches/llama_session.sh floor profiletiny  (where TinyLlama's step goes, against its floor)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/sexpgpu-out}
@@ -43,5 +44,19 @@ for part in $parts; do
     timeout 590 python3 benches/llama_cuda.py --shapes tinyllama --timeout 190 \
       --sides ${SIDES:-sexpgpu compile reduce-overhead} > "$OUT/bench_llama_tiny.log" 2>&1
     tail -10 "$OUT/bench_llama_tiny.log" ;;
+  floor)
+    # Each product and attention call of the step alone at its best, and the update's least
+    # traffic (dev/step_floor.py), beside the step benchtiny and bench124 measure.
+    for shape in "tinyllama 8" "124m 32"; do
+      set -- $shape
+      timeout 150 python3 dev/step_floor.py --bench "$1" --batch "$2" --reps 8 > "$OUT/floor_$1.log" 2>&1
+      tail -22 "$OUT/floor_$1.log"
+    done ;;
+  profiletiny)
+    for side in ${SIDES:-sexpgpu reduce-overhead}; do
+      timeout 240 python3 dev/gpt_profile.py --model tinyllama --batch 8 --side "$side" \
+        > "$OUT/profile_tiny_$side.log" 2>&1
+      head -40 "$OUT/profile_tiny_$side.log"
+    done ;;
   esac
 done

@@ -53,8 +53,8 @@ def bench_file(bench: str, batch: int, folder: Path) -> Path:
     from llama_cuda import KEYS, LLAMA, SHAPES
 
     if bench == "gpt2":
-        shape, template = {"layers": 12, "width": 768, "heads": 12, "seq": 1024}, GPT
-        shape["vocab"] = 50304
+        shape = {"layers": 12, "width": 768, "heads": 12, "seq": 1024, "vocab": 50304}
+        template = GPT
     else:
         shape, template = dict(zip(KEYS, SHAPES[bench], strict=False)), LLAMA
     path = folder / f"{bench}.lisp"
@@ -148,16 +148,9 @@ def main() -> None:
     products = Counter(
         (n.inputs[0].shape, n.inputs[1].shape, n.dtype) for n in nodes if n.op is Op.MATMUL
     )
-    attention = Counter(
-        (n.op, n.inputs[0].shape, n.dtype)
-        for n in nodes
-        if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)
-    )
-    examples = {
-        (n.op, n.inputs[0].shape, n.dtype): n
-        for n in nodes
-        if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)
-    }
+    calls = [n for n in nodes if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)]
+    examples = {(n.op, n.inputs[0].shape, n.dtype): n for n in calls}
+    attention = Counter((n.op, n.inputs[0].shape, n.dtype) for n in calls)
     print(f"{path.name}: {len(nodes)} nodes, {sum(products.values())} products, device {device}")
     rows, total, flops_total = [], 0.0, 0
     for (a, b, dtype), count in products.items():

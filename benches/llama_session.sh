@@ -47,9 +47,12 @@ for part in $parts; do
   floor)
     # Each product and attention call of the step alone at its best, and the update's least
     # traffic (dev/step_floor.py), beside the step benchtiny and bench124 measure.
-    for shape in "tinyllama 8" "124m 32"; do
+    # The peers' steps: torch.compile's 67,642 and 549,888 tokens/s (benches/README.md),
+    # llm.c's 529k on GPT-2 small at batch 16.
+    for shape in "tinyllama 8 242.2" "124m 32 59.6" "gpt2 16 30.97"; do
       set -- $shape
-      timeout 150 python3 dev/step_floor.py --bench "$1" --batch "$2" --reps 8 > "$OUT/floor_$1.log" 2>&1
+      timeout 150 python3 dev/step_floor.py --bench "$1" --batch "$2" --reps 8 --peer-ms "$3" \
+        > "$OUT/floor_$1.log" 2>&1
       tail -22 "$OUT/floor_$1.log"
     done ;;
   profiletiny)

@@ -4,7 +4,8 @@
     python3 dev/step_floor.py --bench tinyllama|124m|gpt2 --batch B [--peer-ms MS]
 
 Compiles the run's training graph (the IR every device receives, one call
-of the whole batch), groups its products (``matmul``) by operand shapes and
+of the whole batch, its sibling products joined as the fusing device joins
+them), groups its products (``matmul``) by operand shapes and
 its attention calls (``attention``, ``attention-grad``) by shape, and times
 each group's call alone on the device, warm, back to back: the best of
 `--reps`. A product is timed in each layout cuBLAS takes without a copy (as
@@ -12,7 +13,9 @@ stored, either operand transposed, both) and the fastest counts; attention
 runs through the cuda device's own fused kernels (its backend, as a run
 picks it). The update is counted as AdamW's least traffic (read the
 parameter, its gradient and both moments in f32, write the parameter and
-the moments: 28 bytes a parameter) at the device's copy rate.
+the moments: 28 bytes a parameter) at the device's copy rate. Beside it, the
+ideal: every product's and attention's FLOPs at the rate an 8192-cubed bf16
+product reaches on this device (the benchmarks' MFU reference; 1024 on a CPU).
 
 What is left out is everything else the step does (norms, activations,
 residuals, the loss, casts) and the gaps between kernels, so the sum is a
@@ -42,6 +45,7 @@ from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_s
 from sexpgpu.devices.cuda.lowering import torch_dtype
 from sexpgpu.ir.compile import compile_run
 from sexpgpu.ir.ops import Op
+from sexpgpu.ir.siblings import merge_siblings
 from sexpgpu.lang import load_experiment
 
 ADAMW_BYTES = 28  # a parameter's least traffic in AdamW's update (f32 throughout)
@@ -144,7 +148,7 @@ def main() -> None:
         experiment = load_experiment(path, variant=args.variant)
         run = experiment.run(None)
         compiled = compile_run(experiment, run)
-    nodes = compiled.train_graph.nodes()
+    nodes = merge_siblings(compiled.train_graph, "loss").nodes()
     products = Counter(
         (n.inputs[0].shape, n.inputs[1].shape, n.dtype) for n in nodes if n.op is Op.MATMUL
     )
@@ -179,6 +183,14 @@ def main() -> None:
         f"rate {rate / 1e12:.2f} TB/s: {update:.2f} ms"
     )
     floor = total + update
+    n = 8192 if device.type == "cuda" else 1024  # a CPU's smoke run keeps to seconds
+    x = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    peak = 2 * n**3 / (best_ms(lambda: x @ x, args.reps) / 1e3)
+    ideal = flops_total / peak * 1e3
+    print(
+        f"ideal: {flops_total / 1e12:.1f} TFLOP at the {n}-cubed rate {peak / 1e12:.1f} TFLOP/s: "
+        f"{ideal:.2f} ms, with the update {ideal + update:.2f} ms"
+    )
     print(f"floor: {floor:.2f} ms a step, {run.batch * _seq(compiled) / floor * 1e3:,.0f} tokens/s")
     if args.peer_ms:
         allowed = args.peer_ms / args.ratio

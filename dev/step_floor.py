@@ -13,8 +13,8 @@ stored, either operand transposed, both) and the fastest counts; attention
 runs through the cuda device's own fused kernels (its backend, as a run
 picks it). The update is counted as AdamW's least traffic (read the
 parameter, its gradient and both moments in f32, write the parameter and
-the moments, and the bf16 copy the products read: 30 bytes a parameter) at the
-device's copy rate. Beside it, the
+the moments, and the bf16 copy the products read: 30 bytes a parameter, 4 more
+where the run clips its gradients' norm) at the device's copy rate. Beside it, the
 ideal: every product's and attention's FLOPs at the rate an 8192-cubed bf16
 product reaches on this device (the benchmarks' MFU reference; 1024 on a CPU).
 
@@ -56,6 +56,7 @@ from sexpgpu.lang import load_experiment
 # A parameter's least traffic in AdamW's update: f32 parameter, gradient and moments read,
 # parameter and moments written, and the bf16 copy the step's products read.
 ADAMW_BYTES = 30
+CLIP_BYTES = 4  # clipping reads every f32 gradient once more, for their norm, before the update
 HEAVY = frozenset({Op.MATMUL, Op.ATTENTION, Op.ATTENTION_GRAD})  # kernels of their own, timed
 
 
@@ -227,10 +228,11 @@ def main() -> None:
         print(f"{name[:56]:56s} {layout:3s} {count:5d} {ms:9.3f} {rate:8.1f} {all_ms:10.2f}")
     params = sum(math.prod(p.shape) for p in compiled.train_graph.params.values())
     rate = copy_rate(device, args.reps)
-    update = params * ADAMW_BYTES / rate * 1e3
+    per_param = ADAMW_BYTES + (CLIP_BYTES if run.clip is not None else 0)
+    update = params * per_param / rate * 1e3
     print(f"products and attention: {total:.2f} ms ({flops_total / total / 1e9:.1f} TFLOP/s)")
     print(
-        f"the update's least traffic: {params:,} parameters x {ADAMW_BYTES} bytes at the copy "
+        f"the update's least traffic: {params:,} parameters x {per_param} bytes at the copy "
         f"rate {rate / 1e12:.2f} TB/s: {update:.2f} ms"
     )
     between = between_bytes(graph)

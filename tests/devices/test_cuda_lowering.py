@@ -23,7 +23,7 @@ from ir_opcheck import _graph
 from test_ops import CASES
 
 from sexpgpu.devices.cpu import run
-from sexpgpu.devices.cuda import executor
+from sexpgpu.devices.cuda import executor, lowering
 from sexpgpu.devices.cuda.attention import BACKENDS, sdpa_forward
 from sexpgpu.devices.cuda.executor import TorchGraph, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import LOWERING_EXEMPT, LOWERINGS, ids_checked_by_caller
@@ -450,3 +450,33 @@ def test_bf16_loss_is_reduced_in_f32_on_both_devices(device: str) -> None:
         bits = np.asarray(loss, np.float32).view(np.uint32)
         assert bits & 0xFFFF, f"loss {loss} is a bf16 value"
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# (shape, axes, keepdims): a few terms along outer axes (written as adds), and sums
+# that stay torch.sum (many terms, or along the last axis).
+SUMS = [
+    ((2, 4, 8, 3, 5), (2,), False),  # grouped key/value heads' gradients
+    ((3, 5, 4), (0,), True),
+    ((3, 5, 4), (0, 1), False),  # 15 terms over two axes
+    ((17, 4), (0,), False),  # too many terms: torch.sum
+    ((4, 6), (1,), True),  # the last axis: torch.sum
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+@pytest.mark.parametrize(("shape", "axes", "keep"), SUMS)
+def test_a_sum_of_a_few_outer_terms_equals_the_interpreter(shape, axes, keep, dtype, device):
+    x = b.input("x", shape, dtype)
+    y = b.sum(b.mul(x, x), axes=axes, keepdims=keep)
+    graph = Graph.of({"y": y}, [x])
+    feeds = {"x": np.random.default_rng(5).normal(size=shape)}
+    _compare(graph, feeds, device, dtype)
+    terms = int(np.prod([shape[a] for a in axes]))
+    adds = 1 < terms <= lowering.SHORT_SUM and len(shape) - 1 not in axes
+    lowered = lowering.LOWERINGS[Op.SUM]
+    with pytest.MonkeyPatch.context() as patch:
+        seen = []
+        patch.setattr(lowering, "_sum_by_adds", lambda *a: seen.append(a) or 0)
+        lowered(y, torch.zeros(shape, dtype=torch.float32))
+    assert bool(seen) is adds

@@ -217,14 +217,44 @@ def _cast(node: Node, x: T) -> T:
 # ---------------------------------------------------------------- reductions
 
 
+# A float sum of at most this many terms, none along the last axis, is written as adds.
+SHORT_SUM = 16
+
+
 @lowering(Op.SUM, call="torch.sum")
 def _sum(node: Node, x: T) -> T:
-    axes, keep = list(node.attrs["axes"]), node.attrs["keepdims"]
+    axes, keep = sorted(a % x.dim() for a in node.attrs["axes"]), node.attrs["keepdims"]
     if not axes:  # torch would read dim=[] as every axis
         return x
+    terms = math.prod(x.shape[a] for a in axes)
+    if x.is_floating_point() and x.dim() - 1 not in axes and 1 < terms <= SHORT_SUM:
+        return _sum_by_adds(x, axes, keep, terms)
     # int32 sums stay int32 (torch would widen them to int64).
     dtype = x.dtype if x.dtype == torch.int32 else None
     return torch.sum(x, dim=axes, keepdim=keep, dtype=dtype)
+
+
+def _sum_by_adds(x: T, axes: list[int], keep: bool, terms: int) -> T:
+    """A few terms along outer axes (grouped key/value heads' gradients, stacked
+    microbatches), summed by adds in f32 (f64 stays f64), rounded once, as torch.sum does.
+
+    Inductor makes a reduction over a short outer axis a kernel that reads
+    its operand at about a third of the copy rate (81 against 34 us for
+    TinyLlama's key gradients, benches/README.md); adds of slices make one
+    pointwise kernel that reads each slice as a row, and fuses with what reads
+    the sum.
+    """
+    rows = x.movedim(axes, list(range(len(axes)))).reshape(
+        terms, *(n for i, n in enumerate(x.shape) if i not in axes)
+    )
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    total = rows[0].to(wide)
+    for i in range(1, terms):
+        total = total + rows[i].to(wide)
+    total = total.to(x.dtype)
+    for a in axes if keep else ():
+        total = total.unsqueeze(a)
+    return total
 
 
 @lowering(Op.MAX, call="torch.amax")

@@ -46,11 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 from sexpgpu.devices.cuda.attention import sdpa_backward, sdpa_forward, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import torch_dtype
 from sexpgpu.ir.compile import compile_run
-from sexpgpu.devices.cuda.planner import CHEAP_INTO_PRODUCTS
+from sexpgpu.devices.cuda.planner import fused_base
 from sexpgpu.ir.node import Graph
 from sexpgpu.ir.ops import FED, LEAF, VIEW, Op
-from sexpgpu.ir.recompute import _bytes, _root, cheap, recompute_graph
-from sexpgpu.ir.siblings import merge_siblings
+from sexpgpu.ir.recompute import _bytes, _root
 from sexpgpu.lang import load_experiment
 
 # A parameter's least traffic in AdamW's update: f32 parameter, gradient and moments read,
@@ -58,14 +57,6 @@ from sexpgpu.lang import load_experiment
 ADAMW_BYTES = 30
 CLIP_BYTES = 4  # clipping reads every f32 gradient once more, for their norm, before the update
 HEAVY = frozenset({Op.MATMUL, Op.ATTENTION, Op.ATTENTION_GRAD})  # kernels of their own, timed
-
-
-def device_graph(graph: Graph) -> Graph:
-    """`graph` as the fusing device runs one call of it (`Planner._base`): siblings joined,
-    cheap values made again in the backward."""
-    graph = merge_siblings(graph, "loss")
-    roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS)
-    return recompute_graph(graph, roots) if roots else graph
 
 
 def between_bytes(graph: Graph) -> int:
@@ -199,7 +190,7 @@ def main() -> None:
         experiment = load_experiment(path, variant=args.variant)
         run = experiment.run(None)
         compiled = compile_run(experiment, run)
-    graph = device_graph(compiled.train_graph)
+    graph, _ = fused_base(compiled.train_graph)  # as the fusing device runs one call
     nodes = graph.nodes()
     products = Counter(
         (n.inputs[0].shape, n.inputs[1].shape, n.dtype) for n in nodes if n.op is Op.MATMUL

@@ -38,7 +38,19 @@ if TYPE_CHECKING:
     from sexpgpu.devices.cuda.fused import FusedGraph
     from sexpgpu.devices.cuda.stacking import Choice
 
-__all__ = ["CudaPlan", "Planner", "fused_graph"]
+__all__ = ["CudaPlan", "Planner", "fused_base", "fused_graph"]
+
+
+def fused_base(graph: Graph) -> tuple[Graph, int]:
+    """`graph` as a fusing device runs it, and how many cheap values it makes again.
+
+    Its sibling products made one (`sexpgpu.ir.siblings`), and its cheap
+    values made again in the backward, by the fused kernels that read them
+    (`sexpgpu.ir.recompute.cheap`).
+    """
+    graph = merge_siblings(graph, "loss")
+    roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS)
+    return (recompute_graph(graph, roots) if roots else graph), len(roots)
 
 
 class PlanningDevice(Protocol):
@@ -424,19 +436,13 @@ class Planner:
     def _base(self, degree: int) -> Graph:
         """`_stacked` as a fusing device runs it when it fits without recomputing.
 
-        Its sibling products made one (`sexpgpu.ir.siblings`), and its cheap
-        values made again in the backward, by the fused kernels that read them
-        (`sexpgpu.ir.recompute.cheap`). Recomputation to fit starts from the
+        `fused_base` on a fusing device. Recomputation to fit starts from the
         stacked graph itself: its checkpointing makes those values again with
         their segments anyway, and keeps back products one by one.
         """
         if degree not in self._bases:
             graph = self._stacked(degree)
-            roots: list = []
-            if self.device.fuse:
-                graph = merge_siblings(graph, "loss")
-                roots = cheap(graph, into_products=CHEAP_INTO_PRODUCTS)
-            self._bases[degree] = (recompute_graph(graph, roots) if roots else graph, len(roots))
+            self._bases[degree] = fused_base(graph) if self.device.fuse else (graph, 0)
         return self._bases[degree][0]
 
     def _numbers(self, degree: int) -> tuple[int, int, int]:

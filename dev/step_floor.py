@@ -155,7 +155,7 @@ def attention_ms(node, dtype, device, reps: int) -> float:
     """The fused attention call's (or its gradient's) best time, on the device's backend."""
     shape, causal, scale = node.inputs[0].shape, node.attrs["causal"], node.attrs["scale"]
     backend = select_sdpa_backend(device, dtype)
-    q, k, v = (torch.randn(shape, dtype=dtype, device=device) for _ in range(3))
+    q, k, v = (torch.randn(x.shape, dtype=dtype, device=device) for x in node.inputs[:3])
     if node.op is Op.ATTENTION:
         return best_ms(lambda: sdpa_forward(q, k, v, causal, scale, backend), reps)
     g = torch.randn(shape, dtype=dtype, device=device)
@@ -196,8 +196,8 @@ def main() -> None:
         (n.inputs[0].shape, n.inputs[1].shape, n.dtype) for n in nodes if n.op is Op.MATMUL
     )
     calls = [n for n in nodes if n.op in (Op.ATTENTION, Op.ATTENTION_GRAD)]
-    examples = {(n.op, n.inputs[0].shape, n.dtype): n for n in calls}
-    attention = Counter((n.op, n.inputs[0].shape, n.dtype) for n in calls)
+    examples = {(n.op, n.inputs[0].shape, n.inputs[1].shape, n.dtype): n for n in calls}
+    attention = Counter((n.op, n.inputs[0].shape, n.inputs[1].shape, n.dtype) for n in calls)
     print(f"{path.name}: {len(nodes)} nodes, {sum(products.values())} products, device {device}")
     rows, total, flops_total = [], 0.0, 0
     for (a, b, dtype), count in products.items():
@@ -206,7 +206,7 @@ def main() -> None:
         name = f"matmul {list(a)} by {list(b)} {dtype}"
         rows.append((count * ms, name, count, ms, flops, layout))
     for key, count in attention.items():
-        op, shape, dtype = key
+        op, shape, _, dtype = key
         ms = attention_ms(examples[key], torch_dtype(dtype), device, args.reps)
         flops = (4 if op is Op.ATTENTION else 8) * math.prod(shape) * shape[-2]
         name = "attention" if op is Op.ATTENTION else "attention-grad"

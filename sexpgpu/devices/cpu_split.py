@@ -57,10 +57,10 @@ def _candidate_axes(node: Node) -> list[int]:
         axes.remove(node.attrs.get("axis", node.ndim - 1))
     elif node.op is Op.MATMUL:
         axes = axes[:-1]  # batch axes, then the rows of the left operand
-    elif node.op is Op.ATTENTION:
+    elif node.op is Op.ATTENTION and node.inputs[0].shape == node.inputs[1].shape:
         axes = axes[:-2]  # batch and head axes
-    elif node.op is Op.ATTENTION_GRAD:
-        axes = axes[1:-2]  # not the [dq dk dv] stack
+    elif node.op in (Op.ATTENTION, Op.ATTENTION_GRAD):
+        axes = axes[:-3]  # batch axes: not grouped heads, nor the heads [dq dk dv] fill
     elif node.op is Op.CROSS_ENTROPY_GRAD:
         axes = axes[:-1]  # not the classes
     return axes

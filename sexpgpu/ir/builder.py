@@ -373,10 +373,12 @@ def attention(
 ) -> Node:
     """``softmax(q k^T * scale [+ causal mask]) v`` over the last two axes, fused.
 
-    `q`, `k`, `v` share one shape ``[..., seq, dim]`` (e.g. ``[batch heads
-    seq dim]``); `scale` defaults to ``dim ** -0.5``. With `causal`, position
-    ``i`` attends to positions ``j <= i``. The attention weights are never
-    stored: the VJP recomputes them.
+    `q` is ``[.. H seq dim]``, `k` and `v` ``[.. K seq dim]`` with K dividing
+    H: query head ``h`` reads key/value head ``h // (H / K)`` (grouped-query
+    attention; K = 1 is multi-query, K = H the usual one). `scale` defaults
+    to ``dim ** -0.5``. With `causal`, position ``i`` attends to positions
+    ``j <= i``. The attention weights are never stored: the VJP recomputes
+    them.
     """
     scale = q.shape[-1] ** -0.5 if scale is None and q.ndim else scale
     return emit(Op.ATTENTION, q, k, v, span=span, causal=causal, scale=scale)
@@ -391,7 +393,7 @@ def attention_grad(
     scale: builtins.float,
     span: Span | None = None,
 ) -> Node:
-    """The VJP of `attention`: ``[dq, dk, dv]`` stacked on a new first axis of size 3."""
+    """The VJP of `attention`: ``dq, dk, dv`` joined on the head axis, ``[.. H+2K seq dim]``."""
     return emit(Op.ATTENTION_GRAD, q, k, v, g, span=span, causal=causal, scale=scale)
 
 

@@ -190,11 +190,30 @@ def _attention_weights(bld: _Build, node: Node, q: Node, k: Node) -> tuple[Node,
     return _softmax_parts(bld, s, -1)
 
 
+def _repeated(bld: _Build, x: Node, heads: int) -> Node:
+    """Keys or values ``[.. K S D]`` repeated for their query heads, ``[.. H S D]``."""
+    kv, lead, tail = x.shape[-3], x.shape[:-3], x.shape[-2:]
+    if kv == heads:
+        return x
+    wide = bld.broadcast_to(bld.reshape(x, (*lead, kv, 1, *tail)), (*lead, kv, heads // kv, *tail))
+    return bld.reshape(wide, (*lead, heads, *tail))
+
+
+def _group_sum(bld: _Build, x: Node, kv: int) -> Node:
+    """A gradient ``[.. H S D]`` summed over each key/value head's group, ``[.. K S D]``."""
+    heads, lead, tail = x.shape[-3], x.shape[:-3], x.shape[-2:]
+    if kv == heads:
+        return x
+    grouped = bld.reshape(x, (*lead, kv, heads // kv, *tail))
+    return bld.sum(grouped, axes=len(lead) + 1)
+
+
 @decomposition(Op.ATTENTION)
 def _attention(node: Node, q: Node, k: Node, v: Node) -> Node:
     # Rows normalized after the product with v, as the fused op.
     bld = _Build(node)
-    q, k, v = bld.wide(q), bld.wide(k), bld.wide(v)
+    heads = q.shape[-3]
+    q, k, v = bld.wide(q), _repeated(bld, bld.wide(k), heads), _repeated(bld, bld.wide(v), heads)
     e, total = _attention_weights(bld, node, q, k)
     return bld.result(bld.div(bld.matmul(e, v), total))
 
@@ -202,9 +221,12 @@ def _attention(node: Node, q: Node, k: Node, v: Node) -> Node:
 @decomposition(Op.ATTENTION_GRAD)
 def _attention_grad(node: Node, q: Node, k: Node, v: Node, g: Node) -> Node:
     # w = softmax(q k^T s); dv = w^T g; ds = w * (g v^T - rowsum(w * g v^T));
-    # dq = ds (k s); dk = ds^T (q s); stacked [dq dk dv] on a new first axis.
+    # dq = ds (k s); dk = ds^T (q s); dk, dv summed over each group of query
+    # heads; [dq dk dv] joined on the head axis.
     bld = _Build(node)
-    q, k, v, g = (bld.wide(x) for x in (q, k, v, g))
+    heads, kv = q.shape[-3], k.shape[-3]
+    q, g = bld.wide(q), bld.wide(g)
+    k, v = _repeated(bld, bld.wide(k), heads), _repeated(bld, bld.wide(v), heads)
     e, total = _attention_weights(bld, node, q, k)
     w = bld.div(e, total)
     dv = bld.matmul(bld.transpose(w), g)
@@ -213,8 +235,8 @@ def _attention_grad(node: Node, q: Node, k: Node, v: Node, g: Node) -> Node:
     scale = bld.const(node.attrs["scale"])
     dq = bld.matmul(ds, bld.mul(k, scale))
     dk = bld.matmul(bld.transpose(ds), bld.mul(q, scale))
-    stacked = [bld.reshape(x, (1, *q.shape)) for x in (dq, dk, dv)]
-    return bld.result(bld.concat(stacked, axis=0))
+    parts = [dq, _group_sum(bld, dk, kv), _group_sum(bld, dv, kv)]
+    return bld.result(bld.concat(parts, axis=q.ndim - 3))
 
 
 # ---------------------------------------------------------------- layernorm, gelu

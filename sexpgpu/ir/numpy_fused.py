@@ -226,39 +226,66 @@ def _plain(*xs: np.ndarray) -> list[np.ndarray]:
     return [np.ascontiguousarray(x) for x in xs]
 
 
+def _grouped(q: np.ndarray, *kv: np.ndarray) -> list[np.ndarray]:
+    """``[.. H S D]`` as ``[.. K G S D]`` and each of `kv`, ``[.. K S D]``, as ``[.. K 1 S D]``.
+
+    Query head ``h`` reads key/value head ``h // G``; the products then
+    broadcast each key/value head over its group without copying it.
+    """
+    heads, kv_heads = q.shape[-3], kv[0].shape[-3]
+    lead, tail = q.shape[:-3], q.shape[-2:]
+    wide = q.reshape(*lead, kv_heads, heads // kv_heads, *tail)
+    return [wide, *(x.reshape(*lead, kv_heads, 1, *tail) for x in kv)]
+
+
 @impl_rule(Op.ATTENTION)
 def _attention(node: Node, q, k, v, out: Out = None) -> np.ndarray:
     # The [seq seq] weights are made one block of query rows at a time and
     # never stored; rows are normalized after the product with v (smaller).
-    q, k, v = _plain(q, k, v)
-    result = np.empty(q.shape, dtype=q.dtype) if out is None else out
+    shape = q.shape
+    q, k, v = _grouped(*_plain(q, k, v))
+    whole = out is not None and out.flags.c_contiguous  # then a view of `out`, written in place
+    result = out.reshape(q.shape) if whole else np.empty(q.shape, dtype=q.dtype)
     q_scaled = q * q.dtype.type(node.attrs["scale"])
     for lo, hi, keys in _blocks(node, q.shape[-2]):
         w, total = _exp_scores(node, q_scaled, k, lo, hi, keys)
         rows = np.matmul(w, v[..., :keys, :])
         rows /= total
         result[..., lo:hi, :] = rows
-    return result
+    if out is None:
+        return result.reshape(shape)
+    if not whole:
+        out[...] = result.reshape(shape)
+    return out
 
 
 @impl_rule(Op.ATTENTION_GRAD)
 def _attention_grad(node: Node, q, k, v, g, out: Out = None) -> np.ndarray:
     # Per block of query rows, recompute the weights w; then dv += w^T g,
-    # ds = w * (g v^T - rowsum(w * g v^T)), dq = ds k * scale, dk += ds^T q * scale.
+    # ds = w * (g v^T - rowsum(w * g v^T)), dq = ds k * scale, dk += ds^T q * scale;
+    # a key/value head's dk and dv sum over the query heads of its group.
+    heads, kv_shape = q.shape[-3], k.shape
     q, k, v, g = _plain(q, k, v, g)
-    result = np.zeros((3, *q.shape), dtype=q.dtype) if out is None else out
-    if out is not None:
-        result[...] = 0
-    dq, dk, dv = result
+    q, k, v = _grouped(q, k, v)
+    g = g.reshape(q.shape)
+    dq = np.empty(q.shape, dtype=q.dtype)
+    dk, dv = np.zeros(k.shape, dtype=q.dtype), np.zeros(k.shape, dtype=q.dtype)
     scale = q.dtype.type(node.attrs["scale"])
     q_scaled, k_scaled = q * scale, k * scale
     for lo, hi, keys in _blocks(node, q.shape[-2]):
         w, total = _exp_scores(node, q_scaled, k, lo, hi, keys)
         w *= np.reciprocal(total, out=total)
-        dv[..., :keys, :] += np.matmul(np.swapaxes(w, -1, -2), g[..., lo:hi, :])
+        dv[..., :keys, :] += _group_sum(np.matmul(np.swapaxes(w, -1, -2), g[..., lo:hi, :]))
         ds = np.matmul(g[..., lo:hi, :], np.swapaxes(v[..., :keys, :], -1, -2))
         ds -= np.sum(ds * w, axis=-1, keepdims=True)
         ds *= w
         dq[..., lo:hi, :] = np.matmul(ds, k_scaled[..., :keys, :])
-        dk[..., :keys, :] += np.matmul(np.swapaxes(ds, -1, -2), q_scaled[..., lo:hi, :])
-    return result
+        dk[..., :keys, :] += _group_sum(np.matmul(np.swapaxes(ds, -1, -2), q_scaled[..., lo:hi, :]))
+    lead, tail = kv_shape[:-3], kv_shape[-2:]
+    parts = [dq.reshape(*lead, heads, *tail), dk.reshape(kv_shape), dv.reshape(kv_shape)]
+    return np.concatenate(parts, axis=len(lead), out=out)
+
+
+def _group_sum(x: np.ndarray) -> np.ndarray:
+    """``[.. K G S D]`` summed over each group, ``[.. K 1 S D]`` (itself when G is 1)."""
+    return x if x.shape[-3] == 1 else x.sum(axis=-3, keepdims=True)

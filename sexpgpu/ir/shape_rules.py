@@ -405,15 +405,22 @@ def _attention(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None
     q, k, v = inputs[:3]
     dtype = _same_dtype(op, inputs, span)
     _dtype_in(op, q, FLOATS, span)
-    if q.ndim < 2 or not q.shape == k.shape == v.shape:
+    fits = q.ndim >= 3 and k.shape == v.shape and k.ndim == q.ndim
+    fits = fits and q.shape[:-3] == k.shape[:-3] and q.shape[-2:] == k.shape[-2:]
+    heads, kv = (q.shape[-3], k.shape[-3]) if fits else (0, 0)
+    if not fits or (kv == 0 and heads) or (kv and heads % kv):
         listed = ", ".join(format_shape(x.shape) for x in (q, k, v))
         raise SexpgpuError(
             "E-SHAPE-011",
-            f"attention: queries, keys and values must share one shape [... seq dim]: {listed}",
+            f"attention: queries [.. H S D] and keys, values [.. K S D] with K dividing H "
+            f"do not fit: {listed}",
             span,
-            "split heads the same way for all three, e.g. [batch heads seq dim]",
+            "split heads the same way for all three, e.g. [batch heads seq dim]; keys and "
+            "values may have fewer heads",
         )
     if op is Op.ATTENTION_GRAD:
         assert inputs[3].shape == q.shape, inputs
     attrs = {"causal": bool(attrs["causal"]), "scale": float(attrs["scale"])}
-    return dtype, q.shape if op is Op.ATTENTION else (3, *q.shape), attrs
+    # The gradient packs dq, dk, dv along the head axis: [.. H+2K S D].
+    shape = q.shape if op is Op.ATTENTION else (*q.shape[:-3], heads + 2 * kv, *q.shape[-2:])
+    return dtype, shape, attrs

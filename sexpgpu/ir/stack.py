@@ -21,8 +21,6 @@ Each op has a rule (`_RULES`), chosen by which operands are batched:
   gradients) broadcast an unbatched operand to ``[k *shape]`` first;
 * ``scatter-add`` gives each microbatch its own table: ids offset by
   ``i * rows`` into ``[k*rows ..]``, reshaped to ``[k rows ..]``;
-* ``attention-grad`` gives ``[3 k ..]``, transposed to ``[k 3 ..]`` (a view:
-  the slices of dq, dk, dv that follow it stay contiguous);
 * ``take`` from a batched table (a table computed from the data, which no
   model here makes) runs once per microbatch on slices and concatenates:
   exact, and each take keeps its id check (E-DATA-006).
@@ -296,18 +294,12 @@ def _scatter_add(s: _Stacker, node: Node, xs, batched) -> Node:
     Op.CROSS_ENTROPY,
     Op.CROSS_ENTROPY_GRAD,
     Op.ATTENTION,
+    Op.ATTENTION_GRAD,
 )
 def _rowwise(s: _Stacker, node: Node, xs, batched) -> Node:
     # Each works on its last axis (or last two) with any leading axes, and
     # wants its operands of one shape.
     return s.emit(node, *(s.full(node, x, bt) for x, bt in zip(xs, batched, strict=True)))
-
-
-@_rule(Op.ATTENTION_GRAD)
-def _attention_grad(s: _Stacker, node: Node, xs, batched) -> Node:
-    stacked = _rowwise(s, node, xs, batched)  # [3 k ..]: dq, dk, dv stacked first
-    order = (1, 0, *range(2, stacked.ndim))
-    return b.transpose(stacked, order, span=node.span)
 
 
 # ---------------------------------------------------------------- fallback

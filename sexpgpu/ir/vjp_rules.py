@@ -288,11 +288,13 @@ def _cross_entropy(node: Node, g: Node, needs: Needs) -> Grads:
 
 @vjp_rule(Op.ATTENTION)
 def _attention(node: Node, g: Node, needs: Needs) -> Grads:
-    s, shape = node.span, node.shape
-    stacked = b.attention_grad(*node.inputs, g, **node.attrs, span=s)
+    s, (q, k, _) = node.span, node.inputs
+    packed = b.attention_grad(*node.inputs, g, **node.attrs, span=s)  # [.. H+2K S D]
+    heads, kv, axis = q.shape[-3], k.shape[-3], q.ndim - 3
+    bounds = ((0, heads), (heads, heads + kv), (heads + kv, heads + 2 * kv))
     return tuple(
-        b.reshape(b.slice(stacked, 0, i, i + 1, span=s), shape, span=s) if need else None
-        for i, need in enumerate(needs)
+        b.slice(packed, axis, lo, hi, span=s) if need else None
+        for (lo, hi), need in zip(bounds, needs, strict=True)
     )
 
 

@@ -257,21 +257,10 @@ def grouped_attention(
     """Fused attention of queries ``[.. H S D]`` over keys and values ``[.. K S D]``, K | H.
 
     Query head ``h`` reads key/value head ``h // (H / K)`` (grouped-query
-    attention; K = 1 is multi-query): each key/value head is repeated for
-    its group before the IR's fused ATTENTION op, whose VJP sums the
-    repeats back.
+    attention; K = 1 is multi-query). The IR's ATTENTION op takes the K
+    heads as they are, so no repeated copy of the keys and values is made
+    and their gradients come back with K heads.
     """
-    heads, kv = q.shape[-3], k.shape[-3]
-    if kv != heads:
-        group = heads // kv
-
-        def repeat(t: Node) -> Node:  # (.. K S D) -> (.. K G S D) -> (.. H S D)
-            lead, tail = t.shape[:-3], t.shape[-2:]
-            wide = b.reshape(t, (*lead, kv, 1, *tail), span=span)
-            wide = b.broadcast_to(wide, (*lead, kv, group, *tail), span=span)
-            return b.reshape(wide, (*lead, heads, *tail), span=span)
-
-        k, v = repeat(k), repeat(v)
     return b.attention(q, k, v, causal, scale=scale, span=span)
 
 

@@ -24,7 +24,7 @@ from test_ops import CASES
 
 from sexpgpu.devices.cpu import run
 from sexpgpu.devices.cuda import executor, lowering
-from sexpgpu.devices.cuda.attention import BACKENDS, sdpa_forward
+from sexpgpu.devices.cuda.attention import BACKENDS, sdpa_backward, sdpa_forward
 from sexpgpu.devices.cuda.executor import TorchGraph, select_sdpa_backend
 from sexpgpu.devices.cuda.lowering import LOWERING_EXEMPT, LOWERINGS, ids_checked_by_caller
 from sexpgpu.errors import SexpgpuError
@@ -105,24 +105,38 @@ def test_every_op_has_a_lowering() -> None:
     assert not set(LOWERINGS) & LOWERING_EXEMPT
 
 
-def _attention_graph(dtype: str, shape=(2, 3, 8, 16), causal=True) -> Graph:
-    q, k, v = (b.input(n, shape, dtype) for n in "qkv")
+def _attention_graph(dtype: str, shape=(2, 3, 8, 16), causal=True, kv=None) -> Graph:
+    # kv: the key/value heads (grouped-query attention), default the query heads
+    shapes = _attention_shapes(shape, kv)
+    q, k, v, w = (b.input(n, shapes[n], dtype) for n in "qkvw")
     y = b.attention(q, k, v, causal=causal, scale=0.3)
-    w = b.input("w", shape, dtype)
     loss = b.sum(b.mul(y, w))
     grads = b.attention_grad(q, k, v, w, causal=causal, scale=0.3)  # pairs with y
-    return Graph.of({"y": y, "loss": loss, "grads": grads}, [q, k, v, w])
+    parts = {n: b.slice(grads, 1, lo, hi) for n, (lo, hi) in _grad_parts(shape, kv).items()}
+    return Graph.of({"y": y, "loss": loss, "grads": grads, **parts}, [q, k, v, w])
 
 
-def _attention_feeds(shape=(2, 3, 8, 16), seed=0) -> dict[str, np.ndarray]:
+def _attention_shapes(shape, kv=None) -> dict[str, tuple[int, ...]]:
+    grouped = (shape[0], shape[1] if kv is None else kv, *shape[2:])
+    return {"q": shape, "k": grouped, "v": grouped, "w": shape}
+
+
+def _grad_parts(shape, kv=None) -> dict[str, tuple[int, int]]:
+    heads = shape[1]
+    kv = heads if kv is None else kv
+    return {"dq": (0, heads), "dk": (heads, heads + kv), "dv": (heads + kv, heads + 2 * kv)}
+
+
+def _attention_feeds(shape=(2, 3, 8, 16), seed=0, kv=None) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {n: rng.normal(size=shape) for n in "qkvw"}
+    return {n: rng.normal(size=s) for n, s in _attention_shapes(shape, kv).items()}
 
 
+@pytest.mark.parametrize("kv", [None, 1])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_attention_gradient_takes_the_forward_stash(dtype: str, device: str) -> None:
-    program = _compare(_attention_graph(dtype), _attention_feeds(), device, dtype)
+def test_attention_gradient_takes_the_forward_stash(dtype: str, device: str, kv) -> None:
+    program = _compare(_attention_graph(dtype, kv=kv), _attention_feeds(kv=kv), device, dtype)
     info = program.report()
     assert info["stashed"] == 1
     torch_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
@@ -236,11 +250,13 @@ def test_a_cross_entropy_alone_holds_no_f32_rows_where_the_kernel_runs() -> None
     assert torch_calls - kernel == 2 * 4 * logits.size  # an f32 copy and the shifted rows
 
 
+@pytest.mark.parametrize("kv", [None, 1])
 @pytest.mark.parametrize("backend", ["flash-cpu", "math"])
-def test_cpu_attention_backends(backend: str) -> None:
+def test_cpu_attention_backends(backend: str, kv) -> None:
+    # grouped heads: as they are to flash-cpu, repeated to math
     program = _compare(
-        _attention_graph("f32", causal=False),
-        _attention_feeds(),
+        _attention_graph("f32", causal=False, kv=kv),
+        _attention_feeds(kv=kv),
         "cpu",
         "f32",
         attention_backend=backend,
@@ -256,6 +272,21 @@ def test_a_refusing_backend_falls_to_the_next_and_says_why() -> None:
     assert aux.fallback.startswith("cudnn refused") and "; flash refused" in aux.fallback
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.5)
     torch.testing.assert_close(out, expected)
+
+
+def test_grouped_heads_fall_to_math_repeated() -> None:
+    # 4 query heads over 2 key/value heads: math repeats them, and sums their gradients back
+    q, g = torch.randn(1, 4, 8, 4), torch.randn(1, 4, 8, 4)
+    k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    out, aux = sdpa_forward(q, k, v, True, 0.5, "cudnn")
+    assert aux.backend == "math"
+    grads = sdpa_backward(g, q, k, v, True, 0.5, aux, "cudnn")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    F = torch.nn.functional
+    expected = F.scaled_dot_product_attention(*leaves, is_causal=True, scale=0.5, enable_gqa=True)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, torch.autograd.grad(expected, leaves, g), strict=True):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("stage", ["forward", "backward"])
@@ -286,15 +317,16 @@ def test_out_of_memory_in_a_backend_is_no_refusal(monkeypatch, stage: str) -> No
 def test_cuda_attention_backends(backend: str, dtype: str) -> None:
     if backend in ("flash", "cudnn") and dtype == "f32":
         pytest.skip(f"{backend} attention takes bf16/f16 only")
-    program = _compare(
-        _attention_graph(dtype, (2, 4, 128, 64)),
-        _attention_feeds((2, 4, 128, 64)),
-        "cuda",
-        dtype,
-        attention_backend=backend,
-    )
-    ran = program.attention_backends()
-    assert all(value == backend for value in ran.values()), ran
+    for kv in (None, 2):  # grouped heads: as they are (GROUPED) or repeated
+        program = _compare(
+            _attention_graph(dtype, (2, 4, 128, 64), kv=kv),
+            _attention_feeds((2, 4, 128, 64), kv=kv),
+            "cuda",
+            dtype,
+            attention_backend=backend,
+        )
+        ran = program.attention_backends()
+        assert all(value == backend for value in ran.values()), (kv, ran)
 
 
 def test_report_names_kernels_and_the_peak() -> None:

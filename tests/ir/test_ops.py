@@ -39,9 +39,11 @@ def _sdpa(q, k, v, causal):
 
 
 def _sdpa_grad(q, k, v, g):
+    # dq, dk, dv joined on the head axis; grouped heads as PyTorch's enable_gqa reads them
     q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-    (_sdpa(q, k, v, True) * g).sum().backward()
-    return torch.stack([q.grad, k.grad, v.grad])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.7, enable_gqa=True)
+    (out * g).sum().backward()
+    return torch.cat([q.grad, k.grad, v.grad], -3)
 
 
 def _layernorm_grad(x, g):
@@ -80,10 +82,10 @@ def _rope(x, base=100.0):
     return x * cos + torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1) * sin
 
 
-def _gqa(q, k, v):
+def _gqa(q, k, v, scale=0.6):
     group = q.shape[-3] // k.shape[-3]
     k, v = (t.repeat_interleave(group, dim=-3) for t in (k, v))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.6)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
 def _dropout(x, p=0.3):
@@ -204,9 +206,17 @@ CASES = [
         "attention",
         lambda q, k, v: b.attention(q, k, v, causal=False, scale=0.7),
         lambda q, k, v: _sdpa(q, k, v, False),
-        A((4, 3)),
-        A((4, 3)),
-        A((4, 3)),
+        A((1, 4, 3)),
+        A((1, 4, 3)),
+        A((1, 4, 3)),
+    ),
+    _case(
+        "attention-grouped",
+        lambda q, k, v: b.attention(q, k, v, causal=True, scale=0.7),
+        lambda q, k, v: _gqa(q, k, v, 0.7),
+        A((2, 6, 5, 3)),
+        A((2, 2, 5, 3)),
+        A((2, 2, 5, 3)),
     ),
     _case(
         "attention-grad",
@@ -216,6 +226,16 @@ CASES = [
         A((3, 4, 2)),
         A((3, 4, 2)),
         A((3, 4, 2)),
+        grad=False,
+    ),
+    _case(
+        "attention-grad-grouped",
+        lambda q, k, v, g: b.attention_grad(q, k, v, g, causal=True, scale=0.7),
+        _sdpa_grad,
+        A((2, 4, 3, 2)),
+        A((2, 1, 3, 2)),
+        A((2, 1, 3, 2)),
+        A((2, 4, 3, 2)),
         grad=False,
     ),
     _case(
@@ -300,8 +320,8 @@ def test_attention_in_several_row_blocks(monkeypatch, causal):
     monkeypatch.setattr(numpy_fused, "_ATTENTION_ROWS", 3)
     check_op(
         lambda q, k, v: b.attention(q, k, v, causal=causal),
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        [A((2, 8, 4))] * 3,
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True),
+        [A((4, 8, 4)), A((2, 8, 4)), A((2, 8, 4))],
         dtypes=("f64", "f32"),
     )
 

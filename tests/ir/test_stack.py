@@ -314,14 +314,17 @@ def test_an_unused_data_field_is_stacked_too() -> None:
     assert stack_microbatches(graph, 2).inputs["unused"].shape == (2, 2)
 
 
-def test_attention_grad_keeps_dq_dk_dv_apart() -> None:
-    # [3 k ..] from the op, transposed back to [k 3 ..]; each part sliced out.
-    q, k_, v, g = (b.input(n, (2, 5, 4), "f32") for n in "qkvg")
+@pytest.mark.parametrize("kv", [4, 2])
+def test_attention_grad_keeps_dq_dk_dv_apart(kv: int) -> None:
+    # [.. H+2K S D] from the op, batched in front; each part sliced out of the heads.
+    shapes = {"q": (4, 5, 3), "k": (kv, 5, 3), "v": (kv, 5, 3), "g": (4, 5, 3)}
+    q, k_, v, g = (b.input(n, shapes[n], "f32") for n in "qkvg")
     grads = b.attention_grad(q, k_, v, g, causal=True, scale=0.5)
-    parts = {n: b.slice(grads, 0, i, i + 1) for i, n in enumerate(("dq", "dk", "dv"))}
+    bounds = {"dq": (0, 4), "dk": (4, 4 + kv), "dv": (4 + kv, 4 + 2 * kv)}
+    parts = {n: b.slice(grads, 0, lo, hi) for n, (lo, hi) in bounds.items()}
     graph = Graph.of({"grads": grads, **parts})
     rng = np.random.default_rng(0)
-    data = [{n: _random((2, 5, 4), rng) for n in "qkvg"} for _ in range(3)]
+    data = [{n: _random(shapes[n], rng) for n in "qkvg"} for _ in range(3)]
     _check(graph, 3, {}, data)
 
 

@@ -1,8 +1,13 @@
 """Fused attention through PyTorch's scaled-dot-product kernels, forward and backward.
 
-The IR's ``attention`` takes ``q``, ``k``, ``v`` of one shape ``[..., seq,
-dim]``; the kernels want ``[batch heads seq dim]``, so leading axes are
-folded into (or padded out to) four. The forward returns the output and an
+The IR's ``attention`` takes ``q`` of shape ``[.. H seq dim]`` and ``k``,
+``v`` of ``[.. K seq dim]``, K dividing H (grouped-query attention); the
+kernels want ``[batch heads seq dim]``, so leading axes are folded into
+four. The fused kernels of `GROUPED` take the K key/value heads as they are
+(PyTorch's ``enable_gqa``: query head ``h`` reads key/value head ``h //
+(H / K)``); the others get them repeated for their groups, and their key
+and value gradients are summed back over each group in f32. The forward
+returns the output and an
 `AttentionAux`: what the matching backward needs (the output and the
 log-sum-exp of every query row, plus the kernel's own bookkeeping), so the
 gradient never recomputes the forward.
@@ -31,11 +36,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKENDS", "AttentionAux", "sdpa_backward", "sdpa_forward", "select_sdpa_backend"]
+__all__ = [
+    "BACKENDS",
+    "GROUPED",
+    "AttentionAux",
+    "sdpa_backward",
+    "sdpa_forward",
+    "select_sdpa_backend",
+]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("flash", "efficient", "cudnn", "flash-cpu", "math")
+# Backends whose kernels read fewer key/value heads than query heads as they are.
+GROUPED = frozenset({"flash", "cudnn", "flash-cpu"})
 _HALF = (torch.bfloat16, torch.float16)
 # What a refusing kernel raises: argument checks, missing kernels, changed signatures.
 _REFUSALS = (RuntimeError, NotImplementedError, TypeError, AttributeError, ValueError)
@@ -94,12 +108,29 @@ def select_sdpa_backend(device: torch.device, dtype: torch.dtype | None = None) 
 
 
 def _four_d(x: torch.Tensor) -> torch.Tensor:
-    """``[..., S, D]`` as ``[B H S D]`` with the last axis contiguous (a view where possible)."""
+    """``[.. H S D]`` as ``[B H S D]`` with the last axis contiguous (a view where possible)."""
     if x.dim() < 4:
         x = x.reshape((1,) * (4 - x.dim()) + tuple(x.shape))
     elif x.dim() > 4:
         x = x.reshape(-1, *x.shape[-3:])
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _heads_for(backend: str, q: torch.Tensor, *kv: torch.Tensor) -> list[torch.Tensor]:
+    """`kv` (``[B K S D]``) as `backend` takes them: as they are, or repeated to q's heads."""
+    heads = q.shape[1]
+    if backend in GROUPED:
+        return list(kv)
+    return [x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], 1) for x in kv]
+
+
+def _group_sum(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A key or value gradient ``[B H S D]`` summed over each group to `like`'s ``[B K S D]``."""
+    (batch, heads), kv = x.shape[:2], like.shape[1]
+    if heads == kv:
+        return x
+    grouped = x.reshape(batch, kv, heads // kv, *x.shape[2:])
+    return grouped.sum(2, dtype=torch.promote_types(x.dtype, torch.float32)).to(x.dtype)
 
 
 def _padded(x: torch.Tensor, backend: str) -> torch.Tensor:
@@ -128,7 +159,8 @@ def sdpa_forward(
     Parameters
     ----------
     q, k, v
-        One shape ``[..., seq, dim]``, one dtype.
+        ``q`` is ``[.. H seq dim]``, ``k`` and ``v`` ``[.. K seq dim]`` with K
+        dividing H, one dtype.
     causal
         Whether position ``i`` sees only positions ``j <= i``.
     scale
@@ -140,7 +172,7 @@ def sdpa_forward(
     reasons = []
     while backend != "math":
         try:
-            padded = (_padded(x, backend) for x in (q4, k4, v4))
+            padded = (_padded(x, backend) for x in (q4, *_heads_for(backend, q4, k4, v4)))
             out, saved = _FORWARD[backend](*padded, causal, scale)
             fallback = "; ".join(reasons) or None
             return _cut(out, q), AttentionAux(backend, out, saved, fallback)
@@ -150,7 +182,7 @@ def sdpa_forward(
             reasons.append(f"{backend} refused: {str(error).splitlines()[0][:160]}")
             log.warning("attention: %s; trying %s", reasons[-1], _NEXT[backend])
             backend = _NEXT[backend]
-    out, saved = _math_forward(q4, k4, v4, causal, scale)
+    out, saved = _math_forward(q4, *_heads_for("math", q4, k4, v4), causal, scale)
     return out.reshape(q.shape), AttentionAux("math", out, saved, "; ".join(reasons) or None)
 
 
@@ -164,8 +196,8 @@ def sdpa_backward(
     aux: AttentionAux | None,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(dq, dk, dv)``, as the kernel wrote them; the IR's ``attention-grad``
-    stacks them on a new first axis.
+    """``(dq, dk, dv)``, each in its operand's shape, as the kernel wrote them;
+    the IR's ``attention-grad`` joins them on the head axis.
 
     `aux` is the matching forward's; without it the forward runs first
     (on `backend`) to make one. The fused kernels give each gradient its
@@ -177,16 +209,21 @@ def sdpa_backward(
     q4, k4, v4, g4 = _four_d(q), _four_d(k), _four_d(v), _four_d(g)
     if aux.backend != "math":
         try:
-            padded = (_padded(x, aux.backend) for x in (g4, q4, k4, v4))
-            grads = _BACKWARD[aux.backend](*padded, aux, causal, scale)
-            return tuple(_cut(x, q) for x in grads)
+            wide = _heads_for(aux.backend, q4, k4, v4)
+            padded = (_padded(x, aux.backend) for x in (g4, q4, *wide))
+            dq, dk, dv = _BACKWARD[aux.backend](*padded, aux, causal, scale)
+            dk, dv = _group_sum(_cut(dk, wide[0]), k4), _group_sum(_cut(dv, wide[1]), v4)
+            return _cut(dq, q), dk.reshape(k.shape), dv.reshape(v.shape)
         except torch.OutOfMemoryError:
             raise
         except _REFUSALS as error:
             log.warning("attention backward: %s refused (%s); using math", aux.backend, error)
-            aux = AttentionAux("math", *_math_forward(q4, k4, v4, causal, scale))
-    grads = _math_backward(g4, q4, k4, v4, aux, causal, scale)
-    return tuple(x.reshape(q.shape) for x in grads)
+            wide = _heads_for("math", q4, k4, v4)
+            aux = AttentionAux("math", *_math_forward(q4, *wide, causal, scale))
+    wide = _heads_for("math", q4, k4, v4)
+    dq, dk, dv = _math_backward(g4, q4, *wide, aux, causal, scale)
+    dk, dv = _group_sum(dk, k4).reshape(k.shape), _group_sum(dv, v4).reshape(v.shape)
+    return dq.reshape(q.shape), dk, dv
 
 
 # ---------------------------------------------------------------- fused kernels

@@ -19,7 +19,7 @@ The plan, made when the graph is built:
 * attention's gradient is kept as its three parts (`_Pieces`) while its
   readers take one part at a time (the VJP's slices, through transposes),
   so each part stays in the layout the kernel wrote, its operand's, and
-  the products read it without a copy; any other reader gets the stack;
+  the products read it without a copy; any other reader gets them joined;
 * `planned_peak_bytes` is the schedule's largest live set, computed without
   running from torch element sizes (bf16 = 2 bytes): constants always,
   fed leaves from their first to their last use, views sharing their
@@ -308,7 +308,7 @@ class TorchGraph:
             q, k, v, g = args
             backend = self._backends[i]
             parts = sdpa_backward(g, q, k, v, **node.attrs, aux=aux, backend=backend)
-            out = _Pieces(parts, 0)
+            out = _Pieces(parts, q.dim() - 3)
         elif node.op is Op.CROSS_ENTROPY and step.made_with is not None:
             grad = self.order[step.made_with]
             out, aux = cross_entropy_with_grad(node, grad, *args, over=i in self._over)
@@ -383,7 +383,7 @@ class TorchGraph:
 
 @dataclass(frozen=True)
 class _Pieces:
-    """``torch.stack(parts, axis)``, kept as its parts for readers that take one part."""
+    """``torch.cat(parts, axis)``, kept as its parts for readers that take one part."""
 
     parts: tuple[torch.Tensor, ...]
     axis: int
@@ -391,21 +391,26 @@ class _Pieces:
     @property
     def shape(self) -> torch.Size:
         first = self.parts[0].shape
-        return torch.Size((*first[: self.axis], len(self.parts), *first[self.axis :]))
+        joined = sum(p.shape[self.axis] for p in self.parts)
+        return torch.Size((*first[: self.axis], joined, *first[self.axis + 1 :]))
 
     @property
     def dtype(self) -> torch.dtype:
         return self.parts[0].dtype
 
     def read_by(self, node: Node) -> _Pieces | torch.Tensor | None:
-        """`node`'s value on this one, without stacking; None where it needs the stack."""
+        """`node`'s value on this one, without joining; None where it needs the whole."""
         if node.op is Op.SLICE and node.attrs["axis"] % len(self.shape) == self.axis:
-            start, stop = node.attrs["start"], node.attrs["stop"]
-            return self.parts[start].unsqueeze(self.axis) if stop - start == 1 else None
+            start = 0
+            for part in self.parts:  # a slice that is exactly one part
+                stop = start + part.shape[self.axis]
+                if (node.attrs["start"], node.attrs["stop"]) == (start, stop):
+                    return part
+                start = stop
+            return None
         if node.op is Op.TRANSPOSE:
             axes = node.attrs["axes"]
-            rest = [a - (a > self.axis) for a in axes if a != self.axis]
-            return _Pieces(tuple(p.permute(rest) for p in self.parts), axes.index(self.axis))
+            return _Pieces(tuple(p.permute(axes) for p in self.parts), axes.index(self.axis))
         return None
 
 
@@ -456,7 +461,7 @@ def _weights_before_forwards(order: list[Node]) -> list[Node]:
 
 
 def _whole(value: Any) -> Any:
-    return torch.stack(value.parts, value.axis) if isinstance(value, _Pieces) else value
+    return torch.cat(value.parts, value.axis) if isinstance(value, _Pieces) else value
 
 
 def _torch_call(op: Op, backends: list[str], with_grad: int, over: int) -> str:

@@ -426,7 +426,7 @@ def _attention_grad(node: Node, q: T, k: T, v: T, g: T) -> T:
     # Alone it runs the forward first; the executor passes the forward's aux instead.
     backend = select_sdpa_backend(q.device, q.dtype)
     causal, scale = node.attrs["causal"], node.attrs["scale"]
-    return torch.stack(sdpa_backward(g, q, k, v, causal, scale, None, backend))
+    return torch.cat(sdpa_backward(g, q, k, v, causal, scale, None, backend), q.dim() - 3)
 
 
 def _layernorm_stats(node: Node, x: T) -> tuple[T, T, T]:

@@ -287,7 +287,7 @@ def _check_sdpa(cx: Call, q: Node, k: Node, v: Node) -> None:
             "split heads the same way for all three, e.g. [batch heads seq dim]; keys and "
             "values may have fewer heads",
         )
-    if q.shape[-3] % k.shape[-3]:
+    if k.shape[-3] == 0 or q.shape[-3] % k.shape[-3]:
         raise SexpgpuError(
             "E-SHAPE-011",
             f"sdpa: {k.shape[-3]} key/value heads do not divide {q.shape[-3]} query heads "

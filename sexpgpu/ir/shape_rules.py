@@ -408,7 +408,7 @@ def _attention(op: Op, inputs: tuple[Node, ...], attrs: Attrs, span: Span | None
     fits = q.ndim >= 3 and k.shape == v.shape and k.ndim == q.ndim
     fits = fits and q.shape[:-3] == k.shape[:-3] and q.shape[-2:] == k.shape[-2:]
     heads, kv = (q.shape[-3], k.shape[-3]) if fits else (0, 0)
-    if not fits or kv == 0 or heads % kv:
+    if not (fits and kv and heads % kv == 0):
         listed = ", ".join(format_shape(x.shape) for x in (q, k, v))
         raise SexpgpuError(
             "E-SHAPE-011",

@@ -17,10 +17,11 @@ attention      wq wo ``[width width]``,          xavier, zeros (``:bias false``:
 Norms use ``:eps 1e-5``. ``attention`` is multi-head scaled dot-product
 self-attention composed of the pieces users can call themselves: the
 projections, `rotary` (``rope``) on queries and keys when ``:rope BASE``,
-`grouped_attention` (``sdpa``: ``softmax(q k^T / sqrt(d)) v`` per head, key
-and value heads shared by groups of query heads), then the output
-projection. The product is the IR's fused ATTENTION op, whose backward
-recomputes the weights, so no ``[seq seq]`` value is kept per layer.
+``sdpa`` (``softmax(q k^T / sqrt(d)) v`` per head, key and value heads
+shared by groups of query heads), then the output projection. The product
+is the IR's fused ATTENTION op, which takes the grouped heads as they are
+and whose backward recomputes the weights, so no ``[seq seq]`` value is
+kept per layer.
 ``dropout`` draws its masks from the microbatch's random key (docs/ir.md,
 "Random numbers") and is replaced by its operand in evaluation.
 """
@@ -39,7 +40,7 @@ from sexpgpu.ir.trace_call import Call, describe_value
 from sexpgpu.ir.trace_init import Init
 from sexpgpu.ir.vocabulary_table import entry, mean_over
 
-__all__ = ["dropped", "grouped_attention", "rotary"]
+__all__ = ["dropped", "rotary"]
 
 _XAVIER = Init("xavier")
 _ZEROS = Init("zeros")
@@ -181,7 +182,7 @@ def _attention(cx: Call) -> Node:
     if base is not None:
         q, k = rotary(q, base, span), rotary(k, base, span)
     q, k, v = (b.transpose(t, (0, 2, 1, 3), span=span) for t in (q, k, v))  # (N H S D)
-    y = grouped_attention(q, k, v, causal, 1.0 / math.sqrt(d), span)  # (N H S D)
+    y = b.attention(q, k, v, causal, scale=1.0 / math.sqrt(d), span=span)  # (N H S D)
     y = b.reshape(b.transpose(y, (0, 2, 1, 3), span=span), (*x.shape[:-1], width), span=span)
     wo = cx.param("wo", (width, width), _XAVIER)
     bo = cx.param("bo", (width,), _ZEROS) if bias else None
@@ -251,19 +252,6 @@ def _rope(cx: Call) -> Node:
     return rotary(x, base, cx.span)
 
 
-def grouped_attention(
-    q: Node, k: Node, v: Node, causal: bool, scale: float, span: Span | None = None
-) -> Node:
-    """Fused attention of queries ``[.. H S D]`` over keys and values ``[.. K S D]``, K | H.
-
-    Query head ``h`` reads key/value head ``h // (H / K)`` (grouped-query
-    attention; K = 1 is multi-query). The IR's ATTENTION op takes the K
-    heads as they are, so no repeated copy of the keys and values is made
-    and their gradients come back with K heads.
-    """
-    return b.attention(q, k, v, causal, scale=scale, span=span)
-
-
 @entry(
     "sdpa", "(sdpa q k v :causal false :scale S)", (3, 3), keywords={"causal": False, "scale": None}
 )
@@ -271,7 +259,7 @@ def _sdpa(cx: Call) -> Node:
     q, k, v = cx.tensor(0), cx.tensor(1), cx.tensor(2)
     _check_sdpa(cx, q, k, v)
     scale = 1.0 / math.sqrt(q.shape[-1]) if cx.get("scale") is None else cx.number("scale")
-    return grouped_attention(q, k, v, cx.boolean("causal"), scale, cx.span)
+    return b.attention(q, k, v, cx.boolean("causal"), scale=scale, span=cx.span)
 
 
 def _check_sdpa(cx: Call, q: Node, k: Node, v: Node) -> None:

@@ -10,7 +10,7 @@ from ir_opcheck import Arg, check_op, ops_built
 
 from sexpgpu.ir import builder as b
 from sexpgpu.ir.ops import Op
-from sexpgpu.ir.vocabulary_layers import dropped, grouped_attention, rotary
+from sexpgpu.ir.vocabulary_layers import dropped, rotary
 
 A = Arg
 
@@ -257,7 +257,7 @@ CASES = [
     _case("rope", lambda x: rotary(x, 100.0), _rope, A((2, 5, 3, 4))),
     _case(
         "sdpa-grouped",
-        lambda q, k, v: grouped_attention(q, k, v, causal=True, scale=0.6),
+        lambda q, k, v: b.attention(q, k, v, causal=True, scale=0.6),
         _gqa,
         A((2, 4, 5, 3)),
         A((2, 2, 5, 3)),

@@ -218,9 +218,10 @@ def sdpa_backward(
             raise
         except _REFUSALS as error:
             log.warning("attention backward: %s refused (%s); using math", aux.backend, error)
-            wide = _heads_for("math", q4, k4, v4)
-            aux = AttentionAux("math", *_math_forward(q4, *wide, causal, scale))
+            aux = None
     wide = _heads_for("math", q4, k4, v4)
+    if aux is None:  # the refusing backend's aux is of no use to math: its forward again
+        aux = AttentionAux("math", *_math_forward(q4, *wide, causal, scale))
     dq, dk, dv = _math_backward(g4, q4, *wide, aux, causal, scale)
     dk, dv = _group_sum(dk, k4).reshape(k.shape), _group_sum(dv, v4).reshape(v.shape)
     return dq.reshape(q.shape), dk, dv

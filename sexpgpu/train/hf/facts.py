@@ -75,7 +75,7 @@ def model_facts(experiment: Any, run: Any) -> ModelFacts:
 
 
 def _repeated_heads(k: Node) -> int:
-    """The key/value heads before grouped attention repeated them for their queries."""
+    """The key/value heads before a repeat written by hand gave them one per query head."""
     # (.. K S D) -> reshape (.. K 1 S D) -> broadcast (.. K G S D) -> reshape (.. H S D)
     if k.op is Op.RESHAPE and k.inputs[0].op is Op.BROADCAST_TO:
         return k.inputs[0].shape[-4]
